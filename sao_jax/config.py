@@ -293,15 +293,15 @@ def base_config() -> ConfigDict:
   c.mesh.expert = 1
   # Logical axis -> mesh axis rules (the only place mesh axis names meet model code).
   c.mesh.rules = (
-      ("batch", ("data", "fsdp")),
-      ("length", None),
-      ("embed", "fsdp"),
-      ("mlp", "tensor"),
-      ("heads", "tensor"),
-      ("kv_heads", "tensor"),
-      ("head_dim", None),
-      ("vocab", "tensor"),
-      ("expert", "expert"),
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("vocab", "tensor"),
+    ("expert", "expert"),
   )
 
   return c
@@ -355,8 +355,18 @@ def validate(config: ConfigDict, num_devices: int | None = None) -> ConfigDict:
   Returns:
     The same config, for chaining.
   """
-  c = config
-  _check(c.algo in algos.ALGOS, "algo", f"unknown algorithm {c.algo!r}; known: {sorted(algos.ALGOS)}")
+  _validate_run(config)
+  _validate_model_and_optim(config)
+  _validate_loss(config)
+  _validate_rollout(config)
+  _validate_mesh(config, num_devices)
+  return config
+
+
+def _validate_run(c: ConfigDict):
+  _check(
+    c.algo in algos.ALGOS, "algo", f"unknown algorithm {c.algo!r}; known: {sorted(algos.ALGOS)}"
+  )
   spec = algos.ALGOS[c.algo]
   _check(c.mode in MODES, "mode", f"must be one of {MODES}, got {c.mode!r}")
   _check(c.policy_lag >= 0, "policy_lag", f"must be >= 0, got {c.policy_lag}")
@@ -364,59 +374,86 @@ def validate(config: ConfigDict, num_devices: int | None = None) -> ConfigDict:
   _check(c.total_steps >= 0, "total_steps", f"must be >= 0, got {c.total_steps}")
   _check(c.batch_size >= 1, "batch_size", f"must be >= 1, got {c.batch_size}")
   _check(c.group_size >= 1, "group_size", f"must be >= 1, got {c.group_size}")
-  _check(c.batch_size % c.group_size == 0, "batch_size",
-         f"{c.batch_size} is not divisible by group_size {c.group_size}")
+  _check(
+    c.batch_size % c.group_size == 0,
+    "batch_size",
+    f"{c.batch_size} is not divisible by group_size {c.group_size}",
+  )
   if spec.needs_group:
-    _check(c.group_size >= 2, "group_size",
-           f"{c.algo} needs group_size >= 2 (its advantage is undefined or zero for a group of 1; "
-           "use algo=sao or running_mean for single rollouts)")
+    _check(
+      c.group_size >= 2,
+      "group_size",
+      f"{c.algo} needs group_size >= 2 (its advantage is undefined or zero for a group of 1; "
+      "use algo=sao or running_mean for single rollouts)",
+    )
   mb = c.micro_batch_size
   _check(mb >= 0, "micro_batch_size", f"must be >= 0, got {mb}")
-  _check(mb == 0 or c.batch_size % mb == 0, "micro_batch_size",
-         f"batch_size {c.batch_size} is not divisible by micro_batch_size {mb}")
+  _check(
+    mb == 0 or c.batch_size % mb == 0,
+    "micro_batch_size",
+    f"batch_size {c.batch_size} is not divisible by micro_batch_size {mb}",
+  )
   _check(c.max_seq_len >= 8, "max_seq_len", f"must be >= 8, got {c.max_seq_len}")
   for f in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
     _check(c[f] >= 0, f, f"must be >= 0, got {c[f]}")
   _check(c.max_nonfinite_steps >= 1, "max_nonfinite_steps", "must be >= 1")
 
+
+def _validate_model_and_optim(c: ConfigDict):
   for f in ("param_dtype", "dtype"):
-    _check(c.model[f] in ("float32", "bfloat16"), f"model.{f}",
-           f"must be 'float32' or 'bfloat16', got {c.model[f]!r}")
+    _check(
+      c.model[f] in ("float32", "bfloat16"),
+      f"model.{f}",
+      f"must be 'float32' or 'bfloat16', got {c.model[f]!r}",
+    )
 
   for name in ("policy", "critic"):
     o = c.optim[name]
     _check(o.lr > 0, f"optim.{name}.lr", f"must be > 0, got {o.lr}")
     _check(o.warmup_steps >= 0, f"optim.{name}.warmup_steps", "must be >= 0")
-    _check(o.schedule in ("constant", "cosine"), f"optim.{name}.schedule",
-           f"must be 'constant' or 'cosine', got {o.schedule!r}")
+    _check(
+      o.schedule in ("constant", "cosine"),
+      f"optim.{name}.schedule",
+      f"must be 'constant' or 'cosine', got {o.schedule!r}",
+    )
     _check(0 <= o.b1 < 1 and 0 <= o.b2 < 1, f"optim.{name}.b1", "Adam betas must be in [0, 1)")
     _check(o.clip_norm >= 0, f"optim.{name}.clip_norm", "must be >= 0")
 
-  l = c.loss
-  _check(0 < l.eps_low < 1, "loss.eps_low", f"must be in (0, 1), got {l.eps_low}")
-  _check(l.eps_high > 0, "loss.eps_high", f"must be > 0, got {l.eps_high}")
-  _check(l.dis_gradient in ("detached", "literal"), "loss.dis_gradient",
-         f"must be 'detached' or 'literal', got {l.dis_gradient!r}")
-  _check(0 < l.clip_low < 1, "loss.clip_low", f"must be in (0, 1), got {l.clip_low}")
-  _check(l.clip_high > 0, "loss.clip_high", f"must be > 0, got {l.clip_high}")
-  _check(l.dual_clip == 0 or l.dual_clip > 1, "loss.dual_clip", "must be 0 (off) or > 1")
-  _check(l.behav_cap > 1, "loss.behav_cap", f"must be > 1, got {l.behav_cap}")
-  _check(l.tis_cap == 0 or l.tis_cap >= 1, "loss.tis_cap", "must be 0 (off) or >= 1")
-  if spec.critic:
-    _check(l.critic_steps >= 1, "loss.critic_steps", f"{c.algo} trains a critic: must be >= 1")
-  _check(l.critic_only_steps >= 0, "loss.critic_only_steps", "must be >= 0")
-  _check(0 < l.gamma <= 1, "loss.gamma", f"must be in (0, 1], got {l.gamma}")
-  for f in ("lam_critic", "lam_policy"):
-    _check(0 <= l[f] <= 1, f"loss.{f}", f"must be in [0, 1], got {l[f]}")
-  _check(l.lam_alpha > 0, "loss.lam_alpha", f"must be > 0, got {l.lam_alpha}")
-  _check(l.advantage_values in ("pre", "post"), "loss.advantage_values", "must be 'pre' or 'post'")
-  _check(l.value_clip >= 0, "loss.value_clip", "must be >= 0")
-  _check(l.baseline_window >= 1, "loss.baseline_window", "must be >= 1")
-  for f in ("nll_coef", "kl_coef", "entropy_coef"):
-    _check(l[f] >= 0, f"loss.{f}", "must be >= 0")
 
+def _validate_loss(c: ConfigDict):
+  spec = algos.ALGOS[c.algo]
+  lo = c.loss
+  _check(0 < lo.eps_low < 1, "loss.eps_low", f"must be in (0, 1), got {lo.eps_low}")
+  _check(lo.eps_high > 0, "loss.eps_high", f"must be > 0, got {lo.eps_high}")
+  _check(
+    lo.dis_gradient in ("detached", "literal"),
+    "loss.dis_gradient",
+    f"must be 'detached' or 'literal', got {lo.dis_gradient!r}",
+  )
+  _check(0 < lo.clip_low < 1, "loss.clip_low", f"must be in (0, 1), got {lo.clip_low}")
+  _check(lo.clip_high > 0, "loss.clip_high", f"must be > 0, got {lo.clip_high}")
+  _check(lo.dual_clip == 0 or lo.dual_clip > 1, "loss.dual_clip", "must be 0 (off) or > 1")
+  _check(lo.behav_cap > 1, "loss.behav_cap", f"must be > 1, got {lo.behav_cap}")
+  _check(lo.tis_cap == 0 or lo.tis_cap >= 1, "loss.tis_cap", "must be 0 (off) or >= 1")
+  if spec.critic:
+    _check(lo.critic_steps >= 1, "loss.critic_steps", f"{c.algo} trains a critic: must be >= 1")
+  _check(lo.critic_only_steps >= 0, "loss.critic_only_steps", "must be >= 0")
+  _check(0 < lo.gamma <= 1, "loss.gamma", f"must be in (0, 1], got {lo.gamma}")
+  for f in ("lam_critic", "lam_policy"):
+    _check(0 <= lo[f] <= 1, f"loss.{f}", f"must be in [0, 1], got {lo[f]}")
+  _check(lo.lam_alpha > 0, "loss.lam_alpha", f"must be > 0, got {lo.lam_alpha}")
+  _check(lo.advantage_values in ("pre", "post"), "loss.advantage_values", "must be 'pre' or 'post'")
+  _check(lo.value_clip >= 0, "loss.value_clip", "must be >= 0")
+  _check(lo.baseline_window >= 1, "loss.baseline_window", "must be >= 1")
+  for f in ("nll_coef", "kl_coef", "entropy_coef"):
+    _check(lo[f] >= 0, f"loss.{f}", "must be >= 0")
+
+
+def _validate_rollout(c: ConfigDict):
   _check(c.env.max_turns >= 1, "env.max_turns", "must be >= 1")
-  _check(c.env.tool_format in ("qwen3", "compact"), "env.tool_format", "must be 'qwen3' or 'compact'")
+  _check(
+    c.env.tool_format in ("qwen3", "compact"), "env.tool_format", "must be 'qwen3' or 'compact'"
+  )
   _check(c.env.timeout_s > 0, "env.timeout_s", "must be > 0")
 
   r = c.rollout
@@ -425,26 +462,32 @@ def validate(config: ConfigDict, num_devices: int | None = None) -> ConfigDict:
   _check(r.num_slots >= 1, "rollout.num_slots", "must be >= 1")
   _check(r.concurrency >= 1, "rollout.concurrency", "must be >= 1")
   _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
-  _check(r.temperature > 0, "rollout.temperature",
-         "must be > 0 (training needs the sampled distribution's log-probs)")
+  _check(
+    r.temperature > 0,
+    "rollout.temperature",
+    "must be > 0 (training needs the sampled distribution's log-probs)",
+  )
   _check(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
   _check(r.top_k >= 0, "rollout.top_k", "must be >= 0")
   _check(r.num_workers >= 1, "rollout.num_workers", "must be >= 1")
 
-  _check(c.replay.capacity >= c.batch_size, "replay.capacity",
-         f"must hold at least one batch ({c.batch_size})")
+  _check(
+    c.replay.capacity >= c.batch_size,
+    "replay.capacity",
+    f"must hold at least one batch ({c.batch_size})",
+  )
   _check(c.replay.max_policy_lag >= 0, "replay.max_policy_lag", "must be >= 0")
   if c.mode == "lag":
-    _check(c.policy_lag <= c.replay.max_policy_lag, "policy_lag",
-           f"{c.policy_lag} exceeds replay.max_policy_lag {c.replay.max_policy_lag}; every batch "
-           "would be dropped as stale")
+    _check(
+      c.policy_lag <= c.replay.max_policy_lag,
+      "policy_lag",
+      f"{c.policy_lag} exceeds replay.max_policy_lag {c.replay.max_policy_lag}; every batch "
+      "would be dropped as stale",
+    )
 
   _check(c.eval.num_samples >= 1, "eval.num_samples", "must be >= 1")
   _check(c.eval.temperature >= 0, "eval.temperature", "must be >= 0")
   _check(c.sft.steps >= 0, "sft.steps", "must be >= 0")
-
-  _validate_mesh(c, num_devices)
-  return c
 
 
 def mesh_shape(config: ConfigDict, num_devices: int) -> dict[str, int]:
@@ -456,12 +499,15 @@ def mesh_shape(config: ConfigDict, num_devices: int) -> dict[str, int]:
   for a, s in sizes.items():
     _check(s == -1 or s >= 1, f"mesh.{a}", f"must be >= 1 or -1, got {s}")
   fixed = 1
-  for a, s in sizes.items():
+  for s in sizes.values():
     if s != -1:
       fixed *= s
   if free:
-    _check(num_devices % fixed == 0, f"mesh.{free[0]}",
-           f"{num_devices} devices are not divisible by the other axes' product {fixed}")
+    _check(
+      num_devices % fixed == 0,
+      f"mesh.{free[0]}",
+      f"{num_devices} devices are not divisible by the other axes' product {fixed}",
+    )
     sizes[free[0]] = num_devices // fixed
   total = 1
   for s in sizes.values():
@@ -480,8 +526,11 @@ def _validate_mesh(c: ConfigDict, num_devices: int | None):
   sizes = mesh_shape(c, num_devices)
   rows = sizes["data"] * sizes["fsdp"]
   mb = c.micro_batch_size or c.batch_size
-  _check(mb % rows == 0, "batch_size" if not c.micro_batch_size else "micro_batch_size",
-         f"{mb} is not divisible by the mesh's batch axes data*fsdp = {rows}")
+  _check(
+    mb % rows == 0,
+    "batch_size" if not c.micro_batch_size else "micro_batch_size",
+    f"{mb} is not divisible by the mesh's batch axes data*fsdp = {rows}",
+  )
 
 
 def to_json(config: ConfigDict) -> str:

@@ -67,8 +67,13 @@ class Trajectory:
     v = self.policy_versions[self.action_mask]
     return int(v.min()) if v.size else -1
 
-  def validate(self, *, vocab_size: int | None = None, current_version: int | None = None,
-               max_len: int | None = None) -> str | None:
+  def validate(
+    self,
+    *,
+    vocab_size: int | None = None,
+    current_version: int | None = None,
+    max_len: int | None = None,
+  ) -> str | None:
     """Returns None if the trajectory is well formed, else a short reason (design.md §6)."""
     t = len(self)
     for name in ("action_mask", "rollout_logprobs", "policy_versions"):
