@@ -108,3 +108,88 @@ class Trajectory:
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> Trajectory:
     return cls(**d)
+
+
+@dataclasses.dataclass
+class TrainBatch:
+  """Device-side batch: `[B, T]` token arrays plus `[B]` per-row fields (numpy until placed).
+
+  Rows are trajectories padded to T (no packing: one trajectory per row, `segment_ids` 1 on real
+  tokens and 0 on padding). `rewards` holds each trajectory's outcome reward on its last action
+  token and 0 elsewhere. Padded rows (to fill a fixed batch shape) have `valid` False and no
+  action tokens, so they contribute nothing to any token mean.
+  """
+
+  tokens: np.ndarray  # int32[B, T]
+  positions: np.ndarray  # int32[B, T]
+  segment_ids: np.ndarray  # int32[B, T]
+  action_mask: np.ndarray  # bool[B, T]
+  rollout_logprobs: np.ndarray  # float32[B, T]
+  policy_versions: np.ndarray  # int32[B, T]
+  rewards: np.ndarray  # float32[B, T]
+  seq_rewards: np.ndarray  # float32[B]
+  group_ids: np.ndarray  # int32[B], rows of one prompt group share an id
+  valid: np.ndarray  # bool[B]
+
+  @property
+  def shape(self) -> tuple[int, int]:
+    return tuple(self.tokens.shape)
+
+  def padding_fraction(self) -> float:
+    """Fraction of the B * T token slots that hold no real token."""
+    return float(1.0 - (self.segment_ids > 0).mean())
+
+  def as_dict(self) -> dict[str, np.ndarray]:
+    return dataclasses.asdict(self)
+
+
+def make_batch(
+  trajectories: list[Trajectory], *, seq_len: int, batch_size: int | None = None, pad_id: int = 0
+) -> TrainBatch:
+  """Pads trajectories into a `[B, seq_len]` TrainBatch and puts each reward on its last action token.
+
+  Args:
+    trajectories: the batch, in order. Rows of one GRPO group must share `group_id`.
+    seq_len: T; a trajectory longer than this is an error (the agent loop bounds the context).
+    batch_size: B; extra rows are padding (`valid` False). Defaults to len(trajectories).
+    pad_id: token id used for padding.
+
+  Returns:
+    A TrainBatch of numpy arrays.
+  """
+  n = len(trajectories)
+  b = n if batch_size is None else batch_size
+  if n > b:
+    raise ValueError(f"{n} trajectories do not fit a batch of {b}")
+  out = TrainBatch(
+    tokens=np.full((b, seq_len), pad_id, np.int32),
+    positions=np.zeros((b, seq_len), np.int32),
+    segment_ids=np.zeros((b, seq_len), np.int32),
+    action_mask=np.zeros((b, seq_len), bool),
+    rollout_logprobs=np.zeros((b, seq_len), np.float32),
+    policy_versions=np.full((b, seq_len), -1, np.int32),
+    rewards=np.zeros((b, seq_len), np.float32),
+    seq_rewards=np.zeros((b,), np.float32),
+    group_ids=np.arange(b, dtype=np.int32),
+    valid=np.zeros((b,), bool),
+  )
+  group_index: dict[str, int] = {}
+  for i, traj in enumerate(trajectories):
+    t = len(traj)
+    if t > seq_len:
+      raise ValueError(f"trajectory {traj.uid} has {t} tokens > seq_len {seq_len}")
+    out.tokens[i, :t] = traj.tokens
+    out.positions[i, :t] = np.arange(t)
+    out.segment_ids[i, :t] = 1
+    out.action_mask[i, :t] = traj.action_mask
+    out.rollout_logprobs[i, :t] = np.where(traj.action_mask, traj.rollout_logprobs, 0.0)
+    out.policy_versions[i, :t] = np.where(traj.action_mask, traj.policy_versions, -1)
+    actions = np.flatnonzero(traj.action_mask)
+    if actions.size:
+      out.rewards[i, actions[-1]] = traj.reward
+    out.seq_rewards[i] = traj.reward
+    out.group_ids[i] = group_index.setdefault(traj.group_id, len(group_index))
+    out.valid[i] = True
+  # Padding rows get group ids of their own, after the real groups.
+  out.group_ids[n:] = len(group_index) + np.arange(b - n)
+  return out
