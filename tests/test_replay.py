@@ -198,6 +198,18 @@ def test_put_timeout_is_not_a_rejection_and_uid_stays_free():
   assert q.put(_traj("b"), timeout=0.05) == (True, None)
 
 
+def test_cancelled_put_gives_up_without_counting():
+  q = _queue(capacity=1)
+  q.put(_traj("a"))
+  stop = threading.Event()
+  threading.Timer(0.15, stop.set).start()
+  t0 = time.monotonic()
+  assert q.put(_traj("b"), cancel=stop.is_set) == (False, "cancelled")
+  assert 0.1 < time.monotonic() - t0 < 1.0
+  s = q.stats()
+  assert (s["put_timeouts"], s["rejected"], s["accepted"]) == (0, {}, 1)
+
+
 def test_close_wakes_blocked_producer_and_consumer():
   full, empty = _queue(capacity=1), _queue()
   full.put(_traj("a"))

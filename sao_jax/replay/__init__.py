@@ -9,6 +9,7 @@
 """
 
 from sao_jax.replay.base import (
+  CANCELLED,
   QUEUE_FULL,
   QueueClosed,
   ReplayQueue,
@@ -39,6 +40,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+  "CANCELLED",
   "QUEUE_FULL",
   "InMemoryQueue",
   "PushResult",

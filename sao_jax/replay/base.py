@@ -15,7 +15,8 @@ Rejection reasons (the `reason` strings of `put`, `stats()["rejected"]` and the 
   * from the gRPC service: "bad_encoding:<field>" (byte length not a whole number of elements),
     and from the client before sending: "too_large" (message over the size limit).
 A put that times out on a full queue is not a rejection: it returns (False, "queue_full"), is
-counted in `put_timeouts`, and the same uid may be put again.
+counted in `put_timeouts`, and the same uid may be put again; likewise a put given up through its
+`cancel` callback returns (False, "cancelled") and counts nowhere.
 
 Staleness: with learner version v, a trajectory is stale when v - oldest_version > max_policy_lag,
 where oldest_version is the smallest policy version among its action tokens (algorithm.md §11.9).
@@ -24,12 +25,13 @@ where oldest_version is the smallest policy version among its action tokens (alg
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sao_jax.types import Trajectory
 
 QUEUE_FULL = "queue_full"
+CANCELLED = "cancelled"
 
 
 class QueueClosed(RuntimeError):
@@ -55,12 +57,20 @@ class ReplayQueue(abc.ABC):
   """
 
   @abc.abstractmethod
-  def put(self, traj: Trajectory, timeout: float | None = None) -> tuple[bool, str | None]:
+  def put(
+    self,
+    traj: Trajectory,
+    timeout: float | None = None,
+    *,
+    cancel: Callable[[], bool] | None = None,
+  ) -> tuple[bool, str | None]:
     """Adds one trajectory; blocks while the queue is full (backpressure).
 
     Args:
       traj: a scored trajectory (numpy fields). Ownership passes to the queue: do not mutate it.
       timeout: seconds to wait for room; None waits until there is room or the queue closes.
+      cancel: polled while blocked; once it returns True the put gives up with (False,
+        "cancelled"), which is not counted (e.g. a rollout thread told to stop, a gone client).
 
     Returns:
       (True, None) if accepted, else (False, reason); see the module docstring for reasons.

@@ -12,16 +12,25 @@ import collections
 import dataclasses
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from sao_jax.replay.base import QUEUE_FULL, QueueClosed, ReplayQueue, is_stale, policy_lag
+from sao_jax.replay.base import (
+  CANCELLED,
+  QUEUE_FULL,
+  QueueClosed,
+  ReplayQueue,
+  is_stale,
+  policy_lag,
+)
 from sao_jax.types import Trajectory
 
 # Consumed items whose queue age feeds the percentiles (the mean and max cover all of them).
 _AGE_WINDOW = 4096
+# How often a put blocked on a full queue polls its `cancel` callback.
+_CANCEL_POLL_S = 0.1
 _ARRAY_FIELDS = ("tokens", "action_mask", "rollout_logprobs", "policy_versions")
 
 
@@ -92,7 +101,13 @@ class InMemoryQueue(ReplayQueue):
 
   # ------------------------------------------------------------------ producers
 
-  def put(self, traj: Trajectory, timeout: float | None = None) -> tuple[bool, str | None]:
+  def put(
+    self,
+    traj: Trajectory,
+    timeout: float | None = None,
+    *,
+    cancel: Callable[[], bool] | None = None,
+  ) -> tuple[bool, str | None]:
     if not traj.uid:
       self.reject("missing_uid")
       return False, "missing_uid"
@@ -121,6 +136,10 @@ class InMemoryQueue(ReplayQueue):
         if remaining is not None and remaining <= 0:
           self._c.put_timeouts += 1
           return False, QUEUE_FULL
+        if cancel is not None:
+          if cancel():
+            return False, CANCELLED
+          remaining = _CANCEL_POLL_S if remaining is None else min(remaining, _CANCEL_POLL_S)
         self._c.put_wait_s += _timed_wait(self._not_full, remaining)
 
   def _refusal(self, traj: Trajectory) -> str | None:
