@@ -61,7 +61,7 @@ class EnvFactory:
     self.schedule = style.StyleSchedule(tuple(kwargs.pop("style_switch_steps")))
     self.judge = None
     if name == "style" and kwargs["style_judge"] == "llm":
-      from sao_jax.envs import judges  # noqa: PLC0415
+      from sao_jax.envs import judges
 
       self.judge = judges.LLMStyleJudge(kwargs["judge_url"], kwargs["judge_model"])
     elif kwargs["style_judge"] not in ("local", "llm"):

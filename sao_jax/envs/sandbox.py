@@ -157,6 +157,11 @@ def _bwrap_argv(workdir: str, extra_binds: list[str]) -> list[str]:
     argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
   else:
     argv += ["--unshare-user"]
+  for mount in ("/tmp", "/var/tmp", "/run", "/dev/shm"):  # bwrap would create parents as 0700
+    if workdir.startswith(mount + "/"):
+      parents = pathlib.Path(workdir).relative_to(mount).parents
+      for d in reversed([pathlib.Path(mount) / q for q in parents if str(q) != "."]):
+        argv += ["--perms", "0755", "--dir", str(d)]
   argv += ["--bind", workdir, workdir, *extra_binds, "--chdir", workdir]
   argv += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
   return [*argv, "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--"]
