@@ -14,7 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sao_jax.replay import QUEUE_FULL, InMemoryQueue, QueueClosed, flatten_stats, wire
+from sao_jax.replay import (
+  QUEUE_FULL,
+  InMemoryQueue,
+  QueueClosed,
+  flatten_stats,
+  window_metrics,
+  wire,
+)
 from sao_jax.replay import replay_pb2 as pb
 from sao_jax.replay.testing import MALFORMED_KINDS, make_trajectory, malformed
 from sao_jax.types import Trajectory
@@ -145,6 +152,21 @@ def test_waiting_consumer_rechecks_staleness_after_set_version():
   assert q.stats()["dropped_stale"] == 1 and len(q) == 0
 
 
+def test_set_version_drops_stale_items_and_unblocks_producers():
+  q = _queue(capacity=1, lag=1, version=5)
+  assert q.put(_traj("a", version=4)) == (True, None)
+  out = []
+  producer = threading.Thread(target=lambda: out.append(q.put(_traj("b", version=5))))
+  producer.start()
+  time.sleep(0.1)
+  assert out == []
+  q.set_version(6)  # 'a' now has lag 2 > 1; 'b' has lag 1
+  producer.join(5)
+  assert out == [(True, None)]
+  assert [t.uid for t in q.get_batch(1, timeout=1)] == ["b"]
+  assert q.stats()["dropped_stale"] == 1
+
+
 def test_no_action_tokens_is_never_stale():
   t = _traj("obs_only")
   t.action_mask[:] = False
@@ -242,8 +264,11 @@ def test_queue_age_is_measured():
   q.put(_traj("b"))
   q.get_batch(2)
   s = q.stats()
-  assert 0.1 <= s["age_max_s"] < 1.0
-  assert s["age_mean_s"] == pytest.approx((s["age_max_s"] + 0.0) / 2, abs=0.02)
+  age_a = s["age_max_s"]
+  age_b = 2 * s["age_mean_s"] - age_a  # the mean is over exactly the two consumed items
+  assert 0.1 <= age_a < 5.0
+  assert 0.0 <= age_b <= age_a - 0.1 + 1e-6  # 'b' was queued 0.1 s after 'a'
+  assert s["age_p50_s"] == pytest.approx((age_a + age_b) / 2)
 
 
 def test_bad_constructor_arguments_name_the_field():
@@ -287,7 +312,7 @@ def _npz_json_round_trip(state):
 def test_state_round_trip_restores_contents_seen_uids_and_counters():
   q = _queue(capacity=32)
   trajs = [_traj(f"t{i}", length=int(8 + 5 * i), seed=i) for i in range(10)]
-  trajs[3].metadata = {"turns": 3, "finish": "length", "latency_s": 1.5}
+  trajs[3].metadata = {"turns": 3, "finish": "length", "latency_s": np.float32(1.5)}
   for t in trajs:
     q.put(t)
   q.put(_traj("t0"))  # a duplicate
@@ -340,6 +365,20 @@ def test_flatten_stats_hand_computed():
     "replay/lag_mean": 1.5,
     "replay/age_mean_s": 0.5,
   }
+
+
+def test_window_metrics_hand_computed():
+  prev = {"get_wait_s": 1.0, "put_wait_s": 2.0, "accepted": 10, "consumed": 8, "dropped_stale": 0}
+  cur = {"get_wait_s": 1.5, "put_wait_s": 6.0, "accepted": 30, "consumed": 28, "dropped_stale": 2}
+  assert window_metrics(prev, cur, 2.0, num_producers=4) == {
+    "replay/learner_wait_fraction": 0.25,
+    "replay/producer_blocked_fraction": 0.5,
+    "replay/accepted_per_s": 10.0,
+    "replay/consumed_per_s": 10.0,
+    "replay/dropped_stale_per_s": 1.0,
+  }
+  with pytest.raises(ValueError, match="elapsed_s"):
+    window_metrics(prev, cur, 0.0)
 
 
 # ---------------------------------------------------------------- wire

@@ -297,11 +297,15 @@ def _producer_workload(p: int, n: int, rng: np.random.Generator):
   return [trajs[k] for k in order], [reasons[k] for k in order]
 
 
-def test_load_8_producers_x_500_with_malformed_duplicates_and_an_intruder():
-  queue = _queue(capacity=64, version=VERSION)
+def _run_load(workloads, capacity=64):
+  """Producers, an intruder with a wrong token, and a late consumer against one server.
+
+  Returns:
+    (PushResults per producer, the intruder's errors, consumed uids, queue stats, refused calls).
+  """
+  queue = _queue(capacity=capacity, version=VERSION)
   server = ReplayServer(queue, auth_token=TOKEN, max_workers=16)
   server.start()
-  workloads = [_producer_workload(p, 500, np.random.default_rng(p)) for p in range(8)]
   results, errors, consumed, done = {}, [], [], threading.Event()
 
   def produce(p):
@@ -323,20 +327,25 @@ def test_load_8_producers_x_500_with_malformed_duplicates_and_an_intruder():
       with contextlib.suppress(TimeoutError):
         consumed.extend(t.uid for t in queue.get_batch(32, timeout=0.05))
 
-  threads = [threading.Thread(target=produce, args=(p,)) for p in range(8)]
-  threads += [threading.Thread(target=intrude), threading.Thread(target=consume)]
-  for th in threads[:-1] + threads[-1:]:
+  threads = [threading.Thread(target=produce, args=(p,)) for p in range(len(workloads))]
+  threads.append(threading.Thread(target=intrude))
+  consumer = threading.Thread(target=consume)
+  for th in [*threads, consumer]:
     th.start()
-  for th in threads[:-1]:
+  for th in threads:
     th.join(120)
   done.set()
-  threads[-1].join(30)
-  leftover = len(queue)
-  if leftover:
-    consumed.extend(t.uid for t in queue.get_batch(leftover))
+  consumer.join(30)
+  if len(queue):
+    consumed.extend(t.uid for t in queue.get_batch(len(queue)))
   stats = queue.stats()
   server.stop(grace=0)
+  return results, errors, consumed, stats, server.servicer.unauthenticated
 
+
+def test_load_8_producers_x_500_with_malformed_duplicates_and_an_intruder():
+  workloads = [_producer_workload(p, 500, np.random.default_rng(p)) for p in range(8)]
+  results, errors, consumed, stats, unauthenticated = _run_load(workloads)
   valid = {
     t.uid for trajs, reasons in workloads for t, r in zip(trajs, reasons, strict=True) if r is None
   }
@@ -368,4 +377,4 @@ def test_load_8_producers_x_500_with_malformed_duplicates_and_an_intruder():
   assert stats["put_wait_s"] > 0.2 and stats["put_timeouts"] == 0  # backpressure, no drops
   # The intruder got nothing in.
   assert len(errors) == 5 and not any(u.startswith("evil") for u in consumed)
-  assert server.servicer.unauthenticated == 5
+  assert unauthenticated == 5

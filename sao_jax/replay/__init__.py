@@ -5,7 +5,8 @@
   `ReplayClient` (client.py): the pushing side for rollout hosts.
 * `python -m sao_jax.replay.serve`: a standalone server; `python -m sao_jax.replay.gen`
   regenerates replay_pb2*.py from replay.proto.
-* `flatten_stats(queue.stats())`: the queue's metrics ("replay/...") for the metrics writer.
+* `flatten_stats(queue.stats())`: the queue's metrics ("replay/...") for the metrics writer;
+  `window_metrics(prev, cur, elapsed_s)`: rates and learner/producer idle fractions.
 """
 
 from sao_jax.replay.base import (
@@ -16,6 +17,7 @@ from sao_jax.replay.base import (
   flatten_stats,
   is_stale,
   policy_lag,
+  window_metrics,
 )
 from sao_jax.replay.memory import InMemoryQueue
 
@@ -54,4 +56,5 @@ __all__ = [
   "flatten_stats",
   "is_stale",
   "policy_lag",
+  "window_metrics",
 ]

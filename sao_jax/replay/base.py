@@ -144,6 +144,35 @@ class ReplayQueue(abc.ABC):
     """Trajectories queued now."""
 
 
+def window_metrics(
+  prev: Mapping[str, Any], cur: Mapping[str, Any], elapsed_s: float, *, num_producers: int = 1
+) -> dict[str, float]:
+  """Rates and idle fractions between two `stats()` snapshots taken `elapsed_s` apart.
+
+  Args:
+    prev: the earlier snapshot.
+    cur: the later snapshot.
+    elapsed_s: wall-clock seconds between them (> 0).
+    num_producers: producer threads or streams sharing the queue (put_wait_s sums over them).
+
+  Returns:
+    {"replay/learner_wait_fraction": share of the window the consumer spent waiting for data,
+    "replay/producer_blocked_fraction": share of producer time spent blocked on a full queue,
+    "replay/accepted_per_s", "replay/consumed_per_s", "replay/dropped_stale_per_s"}.
+  """
+  if elapsed_s <= 0:
+    raise ValueError(f"elapsed_s must be > 0, got {elapsed_s}")
+  d = {k: float(cur[k]) - float(prev[k]) for k in
+       ("get_wait_s", "put_wait_s", "accepted", "consumed", "dropped_stale")}  # fmt: skip
+  return {
+    "replay/learner_wait_fraction": min(1.0, d["get_wait_s"] / elapsed_s),
+    "replay/producer_blocked_fraction": min(1.0, d["put_wait_s"] / (elapsed_s * num_producers)),
+    "replay/accepted_per_s": d["accepted"] / elapsed_s,
+    "replay/consumed_per_s": d["consumed"] / elapsed_s,
+    "replay/dropped_stale_per_s": d["dropped_stale"] / elapsed_s,
+  }
+
+
 def flatten_stats(stats: Mapping[str, Any], prefix: str = "replay/") -> dict[str, float]:
   """Turns `ReplayQueue.stats()` into flat scalar metrics for the metrics writer.
 

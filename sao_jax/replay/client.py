@@ -203,6 +203,7 @@ class ReplayClient:
       time.sleep(0.1)
 
   def close(self) -> None:
+    """Closes the channel (in-flight calls are cancelled)."""
     self._channel.close()
 
   def __enter__(self) -> ReplayClient:

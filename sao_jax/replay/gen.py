@@ -38,6 +38,7 @@ def generate(out_dir: str | pathlib.Path = ROOT) -> list[pathlib.Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
+  """CLI entry point: regenerates the modules and prints their paths; returns the exit code."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default=str(ROOT), help="root directory to write under")
   args = parser.parse_args(argv)

@@ -218,7 +218,8 @@ class InMemoryQueue(ReplayQueue):
   def set_version(self, version: int) -> None:
     with self._lock:
       self._version = int(version)
-      self._not_empty.notify_all()  # a waiting consumer re-checks staleness
+      self._drop_stale()  # frees room for blocked producers now, not at the next get_batch
+      self._not_empty.notify_all()
 
   @property
   def version(self) -> int:
@@ -285,7 +286,7 @@ class InMemoryQueue(ReplayQueue):
         "prompt_ids": [t.prompt_id for t in trajs],
         "group_ids": [t.group_id for t in trajs],
         "envs": [t.env for t in trajs],
-        "metadata": [dict(t.metadata) for t in trajs],
+        "metadata": [_json_metadata(t.metadata) for t in trajs],
         "ages_s": [now - t_in for _, t_in in self._items],
         "seen_uids": sorted(self._seen),
         "counters": self._c.to_json(),
@@ -318,6 +319,11 @@ class InMemoryQueue(ReplayQueue):
       self._version = self._scanned_version = int(meta["version"])
       self._c = _Counters.from_json(meta["counters"])
       self._not_empty.notify_all()
+
+
+def _json_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+  """Metadata with numpy scalars turned into Python ones (JSON-serialisable)."""
+  return {str(k): v.item() if isinstance(v, np.generic) else v for k, v in metadata.items()}
 
 
 def _timed_wait(cond: threading.Condition, timeout: float | None) -> float:

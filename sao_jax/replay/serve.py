@@ -42,6 +42,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+  """Serves until SIGINT/SIGTERM; returns the exit code (argparse exits with 2 on bad flags)."""
   args = _parse(argv)
   queue = InMemoryQueue(args.capacity, max_policy_lag=args.max_policy_lag,
                         vocab_size=args.vocab_size, max_len=args.max_len, version=args.version)  # fmt: skip

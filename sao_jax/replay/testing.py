@@ -68,6 +68,30 @@ def make_trajectory(uid: str, *, length: int = 32, vocab_size: int = 100, versio
   )  # fmt: skip
 
 
+def _set(d: dict, field: str, index, value):
+  d[field][index] = value
+
+
+# kind -> mutation of a copied `Trajectory.to_dict()` with action positions `act`.
+_MUTATIONS = {
+  "nan_logprob": lambda d, act, vocab: _set(d, "rollout_logprobs", act[0], np.nan),
+  "positive_logprob": lambda d, act, vocab: _set(d, "rollout_logprobs", act[-1], 0.5),
+  "token_out_of_range": lambda d, act, vocab: _set(d, "tokens", -1, vocab),
+  "negative_token": lambda d, act, vocab: _set(d, "tokens", 0, -1),
+  "length_mismatch": lambda d, act, vocab: d.update(action_mask=d["action_mask"][:-1]),
+  "version_from_future": lambda d, act, vocab: _set(
+    d, "policy_versions", act[-1], int(d["policy_versions"][act].max()) + 1
+  ),
+  "missing_version": lambda d, act, vocab: _set(d, "policy_versions", act[0], -1),
+  "action_at_position_0": lambda d, act, vocab: (
+    _set(d, "action_mask", 0, True),
+    _set(d, "policy_versions", 0, d["policy_versions"][act[0]]),
+  ),
+  "nonfinite_reward": lambda d, act, vocab: d.update(reward=float("inf")),
+  "missing_uid": lambda d, act, vocab: d.update(uid=""),
+}
+
+
 def malformed(
   traj: Trajectory, kind: str, *, vocab_size: int, max_len: int
 ) -> tuple[Trajectory, str]:
@@ -82,34 +106,12 @@ def malformed(
   Returns:
     (the broken trajectory, the rejection reason the queue must give).
   """
-  d = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in traj.to_dict().items()}
-  act = np.flatnonzero(d["action_mask"])
-  if kind == "nan_logprob":
-    d["rollout_logprobs"][act[0]] = np.nan
-  elif kind == "positive_logprob":
-    d["rollout_logprobs"][act[-1]] = 0.5
-  elif kind == "token_out_of_range":
-    d["tokens"][-1] = vocab_size
-  elif kind == "negative_token":
-    d["tokens"][0] = -1
-  elif kind == "length_mismatch":
-    d["action_mask"] = d["action_mask"][:-1]
-  elif kind == "version_from_future":
-    d["policy_versions"][act[-1]] = int(d["policy_versions"][act].max()) + 1
-  elif kind == "missing_version":
-    d["policy_versions"][act[0]] = -1
-  elif kind == "action_at_position_0":
-    d["action_mask"][0] = True
-    d["policy_versions"][0] = d["policy_versions"][act[0]]
-  elif kind == "nonfinite_reward":
-    d["reward"] = float("inf")
-  elif kind == "missing_uid":
-    d["uid"] = ""
-  elif kind == "too_long":
-    newest = int(traj.policy_versions.max())
-    return make_trajectory(traj.uid, length=max_len + 1, vocab_size=vocab_size, version=newest), (
-      "too_long"
-    )
-  else:
+  if kind not in MALFORMED_KINDS:
     raise ValueError(f"unknown malformed kind {kind!r}; known: {sorted(MALFORMED_KINDS)}")
+  if kind == "too_long":
+    newest = int(traj.policy_versions.max())
+    longer = make_trajectory(traj.uid, length=max_len + 1, vocab_size=vocab_size, version=newest)
+    return longer, "too_long"
+  d = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in traj.to_dict().items()}
+  _MUTATIONS[kind](d, np.flatnonzero(d["action_mask"]), vocab_size)
   return Trajectory.from_dict(d), MALFORMED_KINDS[kind]
