@@ -14,11 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sao_jax import config as config_lib
 from sao_jax.replay import (
   QUEUE_FULL,
   InMemoryQueue,
   QueueClosed,
   flatten_stats,
+  make_queue,
   window_metrics,
   wire,
 )
@@ -269,6 +271,14 @@ def test_queue_age_is_measured():
   assert 0.1 <= age_a < 5.0
   assert 0.0 <= age_b <= age_a - 0.1 + 1e-6  # 'b' was queued 0.1 s after 'a'
   assert s["age_p50_s"] == pytest.approx((age_a + age_b) / 2)
+
+
+def test_make_queue_reads_the_run_config():
+  c = config_lib.base_config()
+  c.replay.capacity, c.replay.max_policy_lag, c.max_seq_len = 8, 2, 40
+  q = make_queue(c, vocab_size=VOCAB, version=3)
+  assert (q.capacity, q.max_policy_lag, q.max_len, q.vocab_size, q.version) == (8, 2, 40, VOCAB, 3)
+  assert q.put(_traj("long", version=3, length=41)) == (False, "too_long")
 
 
 def test_bad_constructor_arguments_name_the_field():

@@ -21,6 +21,7 @@ import grpc
 import numpy as np
 import pytest
 
+from sao_jax import config as config_lib
 from sao_jax.replay import (
   InMemoryQueue,
   ReplayAuthError,
@@ -28,6 +29,7 @@ from sao_jax.replay import (
   ReplayServer,
   ReplayUnavailable,
   gen,
+  make_server,
   serve,
   wire,
 )
@@ -150,6 +152,27 @@ def test_standard_grpc_health_service(served):
   for service in ("", "sao_jax.replay.v1.ReplayService"):
     reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_make_server_reads_the_run_config(monkeypatch):
+  c = config_lib.base_config()
+  queue = _queue()
+  assert make_server(queue, c) is None  # serve_address "" = in-process only
+  c.replay.serve_address, c.replay.auth_token = "127.0.0.1:0", ""
+  monkeypatch.delenv("SAO_REPLAY_TOKEN", raising=False)
+  with pytest.raises(ValueError, match="auth_token"):
+    make_server(queue, c)
+  monkeypatch.setenv("SAO_REPLAY_TOKEN", TOKEN)
+  server = make_server(queue, c)
+  try:
+    assert server.port > 0 and server.max_message_bytes == c.replay.max_message_bytes
+    with ReplayClient(server.address, auth_token=TOKEN) as client:
+      assert client.put(_traj("a")) == (True, None)
+  finally:
+    server.stop(grace=0)
+  c.replay.serve_address = "no-port"
+  with pytest.raises(ValueError, match="host:port"):
+    make_server(queue, c)
 
 
 # ---------------------------------------------------------------- backpressure and restarts

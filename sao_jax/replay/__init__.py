@@ -19,7 +19,7 @@ from sao_jax.replay.base import (
   policy_lag,
   window_metrics,
 )
-from sao_jax.replay.memory import InMemoryQueue
+from sao_jax.replay.memory import InMemoryQueue, make_queue
 
 # The gRPC side loads on first use, so the in-process path (and `gen`, which must run even when
 # the generated modules are missing or stale) does not import grpc or replay_pb2.
@@ -30,6 +30,7 @@ _LAZY = {
   "ReplayUnavailable": "client",
   "ReplayServer": "server",
   "ReplayServicer": "server",
+  "make_server": "server",
 }
 
 
@@ -55,6 +56,8 @@ __all__ = [
   "ReplayUnavailable",
   "flatten_stats",
   "is_stale",
+  "make_queue",
+  "make_server",
   "policy_lag",
   "window_metrics",
 ]

@@ -321,6 +321,22 @@ class InMemoryQueue(ReplayQueue):
       self._not_empty.notify_all()
 
 
+def make_queue(config, *, vocab_size: int | None, version: int = 0) -> InMemoryQueue:
+  """The learner's queue from a run config (`config.replay.*`, `config.max_seq_len`).
+
+  Args:
+    config: a full run config (sao_jax.config.base_config() plus overrides).
+    vocab_size: the policy's vocabulary size (token ids must be below it).
+    version: the policy version the run starts (or resumes) at.
+
+  Returns:
+    An InMemoryQueue with the configured capacity, staleness bound and length limit.
+  """
+  r = config.replay
+  return InMemoryQueue(r.capacity, max_policy_lag=r.max_policy_lag, vocab_size=vocab_size,
+                       max_len=config.max_seq_len, version=version)  # fmt: skip
+
+
 def _json_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
   """Metadata with numpy scalars turned into Python ones (JSON-serialisable)."""
   return {str(k): v.item() if isinstance(v, np.generic) else v for k, v in metadata.items()}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hmac
+import os
 import threading
 
 import grpc
@@ -49,6 +50,32 @@ def stats_reply(stats: dict, unauthenticated: int = 0) -> pb.StatsReply:
     else:
       setattr(reply, key, value)
   return reply
+
+
+def make_server(queue: ReplayQueue, config) -> ReplayServer | None:
+  """The learner's ReplayServer from `config.replay` (None when `serve_address` is empty).
+
+  Args:
+    queue: the learner's queue.
+    config: a run config; `replay.serve_address` is "host:port" (port 0: a free one), the token is
+      `replay.auth_token` or else $SAO_REPLAY_TOKEN.
+
+  Returns:
+    A started server, or None for an in-process-only run.
+  """
+  r = config.replay
+  if not r.serve_address:
+    return None
+  host, sep, port = r.serve_address.rpartition(":")
+  if not sep or not port.isdigit():
+    raise ValueError(f"replay.serve_address must be 'host:port', got {r.serve_address!r}")
+  token = r.auth_token or os.environ.get("SAO_REPLAY_TOKEN", "")
+  if not token:
+    raise ValueError("replay.auth_token is empty and $SAO_REPLAY_TOKEN is not set")
+  server = ReplayServer(queue, auth_token=token, host=host or "127.0.0.1", port=int(port),
+                        max_message_bytes=r.max_message_bytes)  # fmt: skip
+  server.start()
+  return server
 
 
 class ReplayServicer(pb_grpc.ReplayServiceServicer):
