@@ -220,6 +220,33 @@ def test_client_retries_until_the_server_comes_up():
     assert time.monotonic() - t0 < 5
 
 
+class _ClosesOnceQueue(InMemoryQueue):
+  """Answers "closed" to the first put of uid 'b' (a queue closing mid-stream), then recovers."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.tripped = False
+
+  def put(self, traj, timeout=None, *, cancel=None):
+    if traj.uid == "b" and not self.tripped:
+      self.tripped = True
+      return False, "closed"
+    return super().put(traj, timeout, cancel=cancel)
+
+
+def test_retry_after_a_broken_stream_counts_own_deliveries_as_accepted():
+  queue = _ClosesOnceQueue(16, max_policy_lag=4, vocab_size=VOCAB, max_len=MAX_LEN, version=VERSION)
+  with (
+    ReplayServer(queue, auth_token=TOKEN) as server,
+    ReplayClient(server.address, auth_token=TOKEN, backoff_s=0.01) as client,
+  ):
+    result = client.push([_traj("a"), _traj("b"), _traj("a")])
+  # Attempt 1 delivered 'a' and broke at 'b' (UNAVAILABLE); attempt 2 re-sent everything.
+  assert (result.attempts, result.accepted, result.resent) == (2, 2, 1)
+  assert result.rejections == [(2, "a", "duplicate")]  # the genuine in-call duplicate stays one
+  assert [t.uid for t in queue.get_batch(2)] == ["a", "b"]
+
+
 def test_server_restart_restores_contents_and_consumes_nothing_twice():
   port = _free_port()
   queue = _queue()
