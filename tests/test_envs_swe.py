@@ -60,7 +60,7 @@ def test_tools_and_buggy_submit_scores_zero():
   messages = env.reset(TASK)
   try:
     root = env.runtime.root
-    assert messages[1]["content"].startswith("<issue>\n") and root in messages[0]["content"]
+    assert messages[1]["content"].startswith("<issue>\n") and root not in messages[0]["content"]
     bug = TASK["bug"]
     obs = _call(env, "view", path=bug["path"], view_range=[bug["start"], bug["start"]]).observation
     assert obs == f"{bug['start']:6d}\t{bug['new'].splitlines()[0]}"

@@ -169,6 +169,7 @@ def _run_python(code_file):
 
 
 def main():
+  """Applies the SPEC in argv[1] to this process, then runs the tool code."""
   spec = marshal.loads(bytes.fromhex(sys.argv[1]))
   sys.path += spec.get("site_dirs", [])  # started with -S: packages without .pth processing
   if spec.get("uid") is not None:

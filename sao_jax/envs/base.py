@@ -53,6 +53,13 @@ class Env(abc.ABC):
   def step(self, action_text: str) -> StepResult:
     """Applies one policy turn and returns what the environment answers."""
 
+  def close(self):
+    """Releases per-episode resources (workspaces, containers); safe to call more than once.
+
+    Episodes that end release them by themselves; call this for an episode abandoned midway.
+    """
+    return None
+
 
 def truncate_middle(text: str, max_chars: int) -> str:
   """Keeps the head and tail of `text` within `max_chars`, saying how much was cut."""
@@ -122,12 +129,17 @@ class ToolEnv(Env):
 
   @abc.abstractmethod
   def final_reward(self, text: str) -> tuple[float, dict[str, Any]]:
+    """Runs one well-formed call and returns its observation text."""
+    """The first user message of `task`."""
+    """The system message: the task framing and the tools."""
     """Reward and details of a final answer (an action with no tool call)."""
 
   def submit_reward(self, call: tools_lib.ToolCall) -> tuple[float, dict[str, Any]]:
+    """Reward and details when the policy calls the submit tool."""
     return 0.0, {}
 
   def max_turns_reward(self) -> tuple[float, dict[str, Any]]:
+    """Reward and details when the turn budget runs out."""
     return 0.0, {}
 
   def on_reset(self, task: dict[str, Any]):
@@ -135,6 +147,7 @@ class ToolEnv(Env):
 
   # Protocol ----------------------------------------------------------------------------------
   def reset(self, task: dict[str, Any]) -> list[Message]:
+    """Starts an episode: counters to zero, per-episode setup, the two opening messages."""
     self.task, self.turn = task, 0
     self.counts = dict(tool_calls=0, tool_errors=0, format_errors=0)
     self.on_reset(task)
@@ -147,6 +160,7 @@ class ToolEnv(Env):
     return dict(finish_reason=finish_reason, turns=self.turn, **self.counts, **extra)
 
   def step(self, action_text: str) -> StepResult:
+    """Parses the action, runs its calls or scores its final answer (see the module docstring)."""
     if self.task is None:
       raise RuntimeError("step() before reset()")
     self.turn += 1

@@ -278,3 +278,21 @@ class LLMStyleJudge:
       r_style=float(style == preferred),
       style=style,
     )
+
+
+def main():
+  """Prints the local judge's accuracy on the held-out reference texts (docs/envs.md)."""
+  judge, held = LocalStyleJudge(), split_refs(held_out=True)
+  print(f"{'class':<12}{'texts':>6}{'accuracy':>10}  most common error")
+  right = total = 0
+  for cls, texts in held.items():
+    preds = [judge.classify(t, STYLES) for t in texts]
+    wrong = [p for p in preds if p != cls]
+    right, total = right + len(texts) - len(wrong), total + len(texts)
+    common = max(set(wrong), key=wrong.count) if wrong else "-"
+    print(f"{cls:<12}{len(texts):>6}{1 - len(wrong) / len(texts):>10.3f}  {common}")
+  print(f"{'all':<12}{total:>6}{right / total:>10.3f}")
+
+
+if __name__ == "__main__":
+  main()

@@ -66,6 +66,7 @@ class SandboxResult:
 
   @property
   def ok(self) -> bool:
+    """Exited with status 0 before the timeout."""
     return self.exit_code == 0 and not self.timed_out
 
 
@@ -145,7 +146,7 @@ def _python_paths() -> list[str]:
   ]
 
 
-def _bwrap_argv(workdir: str, extra_binds: list[str]) -> list[str]:
+def _bwrap_argv(workdir: str) -> list[str]:
   """The bubblewrap command line: read-only root, private /tmp, writable `workdir`, namespaces."""
   root = os.geteuid() == 0
   argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
@@ -162,7 +163,7 @@ def _bwrap_argv(workdir: str, extra_binds: list[str]) -> list[str]:
       parents = pathlib.Path(workdir).relative_to(mount).parents
       for d in reversed([pathlib.Path(mount) / q for q in parents if str(q) != "."]):
         argv += ["--perms", "0755", "--dir", str(d)]
-  argv += ["--bind", workdir, workdir, *extra_binds, "--chdir", workdir]
+  argv += ["--bind", workdir, workdir, "--chdir", workdir]
   argv += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
   return [*argv, "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--"]
 
@@ -255,31 +256,35 @@ def _spec_limits(lim: _Limits) -> dict:
   )
 
 
-def _launch(
-  spec: dict,
-  workdir: str,
-  lim: _Limits,
-  level: str,
-  env: dict[str, str] | None,
-  extra_binds: list[str] | None = None,
-) -> SandboxResult:
-  """Starts `_jail.py SPEC` (in bwrap or directly) and collects its result."""
+def _finish_spec(spec: dict, workdir: str, level: str) -> dict:
+  """Adds the uid, filters and package paths that `_jail.py` applies for this isolation level."""
   root = os.geteuid() == 0
-  jail = [sys.executable, "-I", "-S", _JAIL]
   spec["site_dirs"] = _site_dirs()
   if root and (level == "bwrap" or fallback_can_limit_processes()):
-    spec["uid"] = _UID_BASE + secrets.randbelow(1 << 30)
+    spec["uid"] = _UID_BASE + secrets.randbelow(1 << 30)  # root is exempt from RLIMIT_NPROC
     _chown_tree(workdir, spec["uid"])
   if level == "rlimit":
-    spec["seccomp"] = dict(
-      block_socket=True, block_setsid=True, block_fork=spec["mode"] == "python"
-    )
+    block_fork = spec["mode"] == "python"
+    spec["seccomp"] = dict(block_socket=True, block_setsid=True, block_fork=block_fork)
     spec["landlock_dir"] = workdir
-  if spec.get("uid") is None and spec["limits"].get("nproc") and not root and level == "rlimit":
-    spec["limits"]["nproc"] += _count_own_processes()  # NPROC counts all of this user's processes
-  argv = [*jail, marshal.dumps(spec).hex()]
+    if not root and spec["limits"].get("nproc"):
+      spec["limits"]["nproc"] += _count_own_processes()  # NPROC counts all the user's processes
+  return spec
+
+
+def _launch(
+  spec: dict, workdir: str, lim: _Limits, level: str, env: dict[str, str] | None
+) -> SandboxResult:
+  """Starts `_jail.py SPEC` (in bwrap or directly) and collects its result."""
+  argv = [
+    sys.executable,
+    "-I",
+    "-S",
+    _JAIL,
+    marshal.dumps(_finish_spec(spec, workdir, level)).hex(),
+  ]
   if level == "bwrap":
-    argv = _bwrap_argv(workdir, extra_binds or []) + argv
+    argv = _bwrap_argv(workdir) + argv
   start = time.monotonic()
   proc = subprocess.Popen(
     argv,

@@ -48,17 +48,21 @@ class StyleSchedule:
     self._lock = threading.Lock()
 
   def set_step(self, step: int):
+    """Sets the current training step (shared by all episodes)."""
     with self._lock:
       self.step = int(step)
 
   def phase(self, step: int | None = None) -> int:
+    """Phase index 0, 1 or 2 at `step` (default: the current step)."""
     s = self.step if step is None else step
     return sum(s >= t for t in self.switch_steps)
 
   def preferred(self, step: int | None = None) -> str:
+    """The preferred style at `step`."""
     return PHASES[self.phase(step)]
 
   def pool(self, step: int | None = None) -> tuple[str, ...]:
+    """The judge's style pool at `step`."""
     return POOLS[self.phase(step)]
 
 

@@ -64,8 +64,9 @@ TOOLS = [
   tools_lib.Tool("submit", "finish: your changes are tested", {}, (), "submit"),
 ]
 _SYSTEM = (
-  "You are a software engineer fixing an issue in the repository at {root}. Explore the "
-  "code, reproduce the problem, edit the source (not the tests), then submit.\n\n"
+  "You are a software engineer fixing an issue in a repository (your working directory; tool "
+  "paths are relative to it). Explore the code, reproduce the problem, edit the source (not the "
+  "tests), then submit.\n\n"
 )
 
 
@@ -184,6 +185,7 @@ class LocalRuntime:
     self.root = os.path.realpath(prepare_workspace(task, self._tmp))
 
   def run(self, command: str) -> sandbox.SandboxResult:
+    """Runs a bash command in the repository, sandboxed."""
     return sandbox.run_command(
       ["bash", "-c", command],
       cwd=self.root,
@@ -200,13 +202,16 @@ class LocalRuntime:
     return full
 
   def is_dir(self, path: str) -> bool:
+    """Whether `path` (repository-relative) is a directory."""
     return os.path.isdir(self.resolve(path))
 
   def read(self, path: str) -> str:
+    """The text of a repository file."""
     with open(self.resolve(path), encoding="utf-8", errors="replace") as f:
       return f.read()
 
   def write(self, path: str, text: str):
+    """Writes a repository file (parents created)."""
     full = self.resolve(path)
     os.makedirs(os.path.dirname(full), exist_ok=True)
     with open(full, "w", encoding="utf-8") as f:
@@ -227,9 +232,11 @@ class LocalRuntime:
     return out
 
   def evaluate(self) -> dict[str, Any]:
+    """Judges the current workspace (see `evaluate`)."""
     return evaluate(self.task, self.root)
 
   def close(self):
+    """Deletes the workspace."""
     shutil.rmtree(self._tmp, ignore_errors=True)
 
 
@@ -278,9 +285,8 @@ class SweEnv(base.ToolEnv):
       self.runtime = None
 
   def system_prompt(self) -> str:
-    return _SYSTEM.format(root=self.runtime.root) + tools_lib.tools_prompt(
-      self.tools, self.tool_format
-    )
+    """The task framing and the tools (the same for every task, so demonstrations are stable)."""
+    return _SYSTEM + tools_lib.tools_prompt(self.tools, self.tool_format)
 
   def user_prompt(self, task: dict[str, Any]) -> str:
     return f"<issue>\n{task['problem_statement'].strip()}\n</issue>"

@@ -66,6 +66,7 @@ class DockerRuntime:
     return r
 
   def run(self, command: str) -> sandbox.SandboxResult:
+    """Runs a bash command in the container under `timeout`."""
     start, t = time.monotonic(), int(self.timeout_s)
     r = self._docker(
       "exec",
@@ -94,27 +95,32 @@ class DockerRuntime:
     )
 
   def resolve(self, path: str) -> str:
+    """A container path inside the repository, else ValueError."""
     full = posixpath.normpath(posixpath.join(self.root, path))
     if full != self.root and not full.startswith(self.root + "/"):
       raise ValueError(f"path {path!r} is outside the repository {self.root}")
     return full
 
   def is_dir(self, path: str) -> bool:
+    """Whether `path` is a directory in the container."""
     return not self._docker(
       "exec", self.cid, "test", "-d", self.resolve(path), check=False
     ).returncode
 
   def read(self, path: str) -> str:
+    """The text of a file in the container."""
     r = self._docker("exec", self.cid, "cat", "--", self.resolve(path), check=False)
     if r.returncode:
       raise OSError(r.stderr.strip() or f"cannot read {path}")
     return r.stdout
 
   def write(self, path: str, text: str):
+    """Writes a file in the container (parents created)."""
     script = 'mkdir -p "$(dirname "$1")" && cat > "$1"'
     self._docker("exec", "-i", self.cid, "sh", "-c", script, "_", self.resolve(path), stdin=text)
 
   def list_tree(self, path: str) -> list[str]:
+    """Paths under `path`, two levels deep, hidden ones skipped."""
     r = self._docker(
       "exec",
       self.cid,
@@ -131,6 +137,7 @@ class DockerRuntime:
     return sorted(posixpath.relpath(p, self.root) for p in r.stdout.split("\n") if p)
 
   def evaluate(self) -> dict[str, Any]:
+    """Resets the tests, applies test_patch, runs them, and judges."""
     t = self.task
     files = re.findall(r"^\+\+\+ b/(\S+)", t.get("test_patch", ""), re.M)
     if files and t.get("base_commit"):
@@ -155,4 +162,5 @@ class DockerRuntime:
     return verdict(t, parse_pytest_report(r.stdout))
 
   def close(self):
+    """Removes the container."""
     self._docker("rm", "-f", self.cid, check=False)

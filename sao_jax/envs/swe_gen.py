@@ -227,6 +227,7 @@ def validate(task: dict[str, Any]) -> list[str]:
 
 
 def main(argv=None):
+  """Command line: generate, validate and write the task set."""
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--archive", default=str(swe.PACKAGED / "boltons-26.2.0.tar.gz"))
   p.add_argument("--package", default="boltons")

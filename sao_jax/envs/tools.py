@@ -54,6 +54,8 @@ class Tool:
 
 @dataclasses.dataclass(frozen=True)
 class ToolCall:
+  """One parsed call: the tool's name and its arguments."""
+
   name: str
   arguments: dict[str, Any]
 
