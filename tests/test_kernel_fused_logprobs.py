@@ -10,7 +10,12 @@ import pytest
 from kernels import fused_token_logprobs
 from kernels.fused_logprobs import token_logprobs_reference
 
-IMPLS = ["xla"]
+# Pallas runs compiled on TPU and in interpret mode on CPU; it is not built for GPU (see kernel.py).
+IMPLS = [
+    "xla",
+    pytest.param("pallas", marks=pytest.mark.skipif(
+        jax.default_backend() == "gpu", reason="Pallas fused log-probs target TPU")),
+]  # fmt: skip
 
 
 def _inputs(n, d, v, *, dtype=jnp.float32, seed=0, scale=1.0):
@@ -80,9 +85,9 @@ def test_values_and_grads_f32(impl, n, d, v, bn, bv, temperature):
     _assert_rel(x, y, 1e-5)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", ["xla"])
 def test_each_output_gradient_separately(impl):
-  """d logp/dz = onehot - p and dH/dz = -p (log p + H), each on its own."""
+  """d logp/dz = onehot - p and dH/dz = -p (log p + H), each on its own (the shared formula)."""
   h, w, t, _ = _inputs(19, 8, 45, seed=3)
   for g in (jnp.ones((2, 19)).at[1].set(0.0), jnp.ones((2, 19)).at[0].set(0.0)):
     got, want = _both(h, w, t, g, block_size=16, row_block_size=8, impl=impl)

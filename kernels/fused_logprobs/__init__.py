@@ -2,8 +2,8 @@
 
 `fused_token_logprobs(hidden, lm_head, targets)` computes log softmax(h @ W / T) at each target and
 the entropy of that distribution, with a `jax.custom_vjp` backward that recomputes logit tiles.
-Two implementations sit behind it: `xla.py` (chunked XLA loops; the default on CPU, where
-interpreted Pallas is slow) and `kernel.py` (Pallas; the default on TPU/GPU). `reference.py` is the
+Two implementations sit behind it: `xla.py` (chunked XLA loops; the default on CPU and GPU) and
+`kernel.py` (Pallas; the default on TPU, interpret mode on CPU for tests). `reference.py` is the
 naive oracle.
 """
 
@@ -38,14 +38,17 @@ def fused_token_logprobs(
 
   Args:
     hidden_nd: [N, D] (or [..., D]) hidden states, float32 or bfloat16.
-    lm_head_dv: [D, V] output projection, float32 or bfloat16 (math is float32 throughout).
+    lm_head_dv: [D, V] output projection, float32 or bfloat16 (logits and softmax in float32).
     targets_n: [N] (or [...], matching hidden's leading dims) integer ids in [0, V). An id outside
       that range gives logprob = -logsumexp (no error inside jit); mask such rows yourself.
     temperature: T > 0; logits are divided by it (score with the temperature you sampled at).
-    block_size: vocabulary entries per tile (None: 8192, or V if smaller).
-    row_block_size: tokens per tile (None: 1024, or N if smaller).
-    impl: 'xla' (chunked XLA loops), 'pallas' (Pallas kernels; interpret mode on CPU), or 'auto'
-      ('xla' on CPU, 'pallas' on TPU/GPU).
+    block_size: vocabulary entries per tile (None: the implementation's default; clamped to V).
+      XLA path: 8192. Pallas: 512 on TPU (a multiple of 128), 8192 in interpret mode.
+    row_block_size: tokens per tile (None: default; clamped to N). XLA: 1024. Pallas: 256 on TPU
+      (a multiple of 8), 1024 in interpret mode.
+    impl: 'xla' (chunked XLA loops), 'pallas' (Pallas kernels; interpret mode on CPU), or 'auto':
+      'pallas' on TPU, 'xla' elsewhere. (The Pallas backward accumulates over a sequential grid
+      axis, which is TPU semantics; Triton runs grid steps in parallel, so GPUs use 'xla'.)
 
   Returns:
     (logprobs_n, entropy_n): float32, shaped like `targets_n`.
@@ -60,19 +63,32 @@ def fused_token_logprobs(
   if h.shape[0] == 0:
     empty = jnp.zeros(lead, jnp.float32)
     return empty, empty
-  defaults = BlockSizes.get_default()
-  bs = BlockSizes(row_block_size or defaults.block_n, block_size or defaults.block_v)
   if impl == "auto":
-    impl = "xla" if jax.default_backend() == "cpu" else "pallas"
+    impl = "pallas" if jax.default_backend() == "tpu" else "xla"
   if impl == "xla":
+    bs = _block_sizes(BlockSizes.get_default(), block_size, row_block_size)
     logp, ent = fused_token_logprobs_xla(h, lm_head_dv, t, temperature=temperature, block_sizes=bs)
   else:
+    if jax.default_backend() == "gpu":
+      raise ValueError(
+        "impl='pallas': the fused log-prob kernels target TPU (interpret mode on "
+        "CPU); their backward needs sequential grid steps. Use impl='xla' on GPU."
+      )
     from kernels.fused_logprobs import kernel  # Pallas import only when asked for.
 
+    interpret = jax.default_backend() == "cpu"
+    bs = _block_sizes(kernel.default_block_sizes(interpret), block_size, row_block_size)
     logp, ent = kernel.fused_token_logprobs_pallas(
-      h, lm_head_dv, t, temperature=temperature, block_sizes=bs
+      h, lm_head_dv, t, temperature=temperature, block_sizes=bs, interpret=interpret
     )
   return logp.reshape(lead), ent.reshape(lead)
+
+
+def _block_sizes(default: BlockSizes, block_v: int | None, block_n: int | None) -> BlockSizes:
+  for name, x in (("block_size", block_v), ("row_block_size", block_n)):
+    if x is not None and not (isinstance(x, int) and x > 0):
+      raise ValueError(f"{name}: must be a positive int or None, got {x!r}")
+  return BlockSizes(block_n or default.block_n, block_v or default.block_v)
 
 
 def _check_inputs(hidden, lm_head, targets, temperature, impl):
