@@ -116,6 +116,21 @@ def test_output_flood_is_truncated(level):
   assert r.wall_s < 5.0  # killed for flooding, well before the timeout
 
 
+def test_disk_filling_is_bounded(level):
+  big = "open('big', 'wb').write(b'x' * (32 << 20))\n"
+  r = sandbox.run_python(big, max_file_mb=16, memory_mb=512, isolation_level=level)
+  assert r.exit_code == 1 and "File too large" in r.stderr  # RLIMIT_FSIZE, every level
+  if level != "bwrap":
+    return  # the fallback bounds each file and the time, not the total: not run on the host disk
+  many = (
+    "n = 0\ntry:\n  while True:\n    open(f'f{n}', 'wb').write(b'x' * (1 << 20))\n"
+    "    n += 1\nexcept OSError as e:\n  print(n, e.strerror)\n"
+  )
+  r = sandbox.run_python(many, max_scratch_mb=16, timeout_s=5.0, isolation_level=level)
+  assert r.ok and r.stdout.split(" ", 1)[1] == "No space left on device\n", r.stdout
+  assert int(r.stdout.split()[0]) <= 16  # the scratch directory is a tmpfs of max_scratch_mb
+
+
 def test_writes_outside_scratch_are_blocked(level):
   outside = tempfile.mkdtemp(dir=os.getcwd(), prefix=".sandbox_canary_")
   try:

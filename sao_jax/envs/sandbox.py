@@ -4,8 +4,9 @@ Every run is a separate process tree with its own process group, resource limits
 space, file size, open files, processes), a wall-clock timeout that kills the whole tree, a scratch
 directory, no network, a clean environment and capped output. Two isolation levels:
 
-* 'bwrap' (preferred): bubblewrap gives a read-only root, private /tmp, /dev and /proc, and new
-  network, PID, IPC and UTS namespaces. The PID namespace means the parent is invisible and every
+* 'bwrap' (preferred): bubblewrap gives a read-only root, private size-limited /tmp, /dev and
+  /proc, and new network, PID, IPC and UTS namespaces; run_python's scratch directory is a private
+  tmpfs (bounded disk use). The PID namespace means the parent is invisible and every
   leftover process dies with the run. As root, the code runs under a fresh random uid, so
   RLIMIT_NPROC applies (root is exempt from it) and root-owned files stay read-only.
 * 'rlimit' (fallback where bwrap cannot create namespaces): the same limits in a new session, plus
@@ -146,13 +147,21 @@ def _python_paths() -> list[str]:
   ]
 
 
-def _bwrap_argv(workdir: str) -> list[str]:
-  """The bubblewrap command line: read-only root, private /tmp, writable `workdir`, namespaces."""
+def _bwrap_argv(workdir: str, scratch: list[tuple[int, str]] | None, scratch_mb: int) -> list[str]:
+  """The bubblewrap command line: read-only root, private /tmp, writable `workdir`, namespaces.
+
+  Args:
+    workdir: the working directory. With `scratch`, a fresh tmpfs of `scratch_mb` MiB (bounded
+      disk use) into which each (fd, relative path) of `scratch` is copied; else the host
+      directory, bound read-write.
+    scratch: files to copy into the tmpfs, as open file descriptors.
+    scratch_mb: size of the tmpfs.
+  """
   root = os.geteuid() == 0
   argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-  argv += ["--size", str(256 << 20), "--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--tmpfs", "/run"]
-  if os.path.isdir("/dev/shm"):
-    argv += ["--size", str(64 << 20), "--tmpfs", "/dev/shm"]
+  for mount, mb in (("/tmp", 64), ("/var/tmp", 16), ("/run", 16), ("/dev/shm", 16)):
+    if os.path.isdir(mount):
+      argv += ["--size", str(mb << 20), "--tmpfs", mount]
   if root:  # the random uid must reach the interpreter even if it lives under /root
     argv += _reveal_args(_python_paths())
     argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
@@ -163,8 +172,16 @@ def _bwrap_argv(workdir: str) -> list[str]:
       parents = pathlib.Path(workdir).relative_to(mount).parents
       for d in reversed([pathlib.Path(mount) / q for q in parents if str(q) != "."]):
         argv += ["--perms", "0755", "--dir", str(d)]
-  argv += ["--bind", workdir, workdir, "--chdir", workdir]
-  argv += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+  if scratch is None:
+    argv += ["--bind", workdir, workdir]
+  else:
+    argv += ["--perms", "0777", "--size", str(scratch_mb << 20), "--tmpfs", workdir]
+    dirs = {str(p) for _, rel in scratch for p in pathlib.PurePath(rel).parents if str(p) != "."}
+    for d in sorted(dirs, key=len):
+      argv += ["--perms", "0777", "--dir", os.path.join(workdir, d)]
+    for fd, rel in scratch:
+      argv += ["--perms", "0666", "--file", str(fd), os.path.join(workdir, rel)]
+  argv += ["--chdir", workdir, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
   return [*argv, "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--"]
 
 
@@ -273,9 +290,18 @@ def _finish_spec(spec: dict, workdir: str, level: str) -> dict:
 
 
 def _launch(
-  spec: dict, workdir: str, lim: _Limits, level: str, env: dict[str, str] | None
+  spec: dict,
+  workdir: str,
+  lim: _Limits,
+  level: str,
+  env: dict[str, str] | None,
+  scratch_mb: int | None = None,
 ) -> SandboxResult:
-  """Starts `_jail.py SPEC` (in bwrap or directly) and collects its result."""
+  """Starts `_jail.py SPEC` (in bwrap or directly) and collects its result.
+
+  With `scratch_mb` (run_python under bwrap) the files of `workdir` are copied into a private
+  tmpfs of that size; otherwise `workdir` itself is the writable working directory.
+  """
   argv = [
     sys.executable,
     "-I",
@@ -283,19 +309,34 @@ def _launch(
     _JAIL,
     marshal.dumps(_finish_spec(spec, workdir, level)).hex(),
   ]
+  fds = []
   if level == "bwrap":
-    argv = _bwrap_argv(workdir) + argv
+    scratch = None
+    if scratch_mb is not None:
+      rels = [
+        os.path.relpath(os.path.join(d, f), workdir)
+        for d, _, names in os.walk(workdir)
+        for f in names
+      ]
+      fds = [os.open(os.path.join(workdir, rel), os.O_RDONLY | os.O_CLOEXEC) for rel in rels]
+      scratch = list(zip(fds, rels, strict=True))
+    argv = _bwrap_argv(workdir, scratch, scratch_mb or 0) + argv
   start = time.monotonic()
-  proc = subprocess.Popen(
-    argv,
-    cwd=workdir,
-    env=_sandbox_env(workdir, env),
-    stdin=subprocess.DEVNULL,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-    start_new_session=True,
-    close_fds=True,
-  )
+  try:
+    proc = subprocess.Popen(
+      argv,
+      cwd=workdir,
+      env=_sandbox_env(workdir, env),
+      stdin=subprocess.DEVNULL,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      start_new_session=True,
+      close_fds=True,
+      pass_fds=fds,
+    )
+  finally:
+    for fd in fds:
+      os.close(fd)
   try:
     out, err, timed_out, truncated = _communicate(proc, start + lim.timeout_s, lim.max_output_bytes)
   finally:
@@ -350,6 +391,7 @@ def run_python(
   max_processes: int = 16,
   max_file_mb: int = 16,
   max_open_files: int = 64,
+  max_scratch_mb: int = 64,
   isolation_level: str | None = None,
 ) -> SandboxResult:
   """Runs Python source in a fresh sandbox, as `python main.py` in an empty scratch directory.
@@ -363,6 +405,7 @@ def run_python(
     max_processes: RLIMIT_NPROC (processes and threads of the sandbox's uid).
     max_file_mb: largest file the code may write (RLIMIT_FSIZE).
     max_open_files: RLIMIT_NOFILE.
+    max_scratch_mb: size of the scratch directory (a private tmpfs; bwrap only).
     isolation_level: 'bwrap' or 'rlimit'; default `isolation()`.
 
   Returns:
@@ -374,7 +417,7 @@ def run_python(
   try:
     _write_files(workdir, {**(files or {}), "main.py": code})
     spec = dict(mode="python", code_file="main.py", limits=_spec_limits(lim))
-    return _launch(spec, workdir, lim, level, None)
+    return _launch(spec, workdir, lim, level, None, scratch_mb=max_scratch_mb)
   finally:
     shutil.rmtree(workdir, ignore_errors=True)
 
