@@ -18,6 +18,7 @@ Public API (design.md §3.3 and the models issue):
 
 from sao_jax.models.config import PRESETS, ModelConfig, config_from, get_preset
 from sao_jax.models.decoder import Decoder, default_positions, segment_starts
+from sao_jax.models.hf import config_from_hf, export_hf, from_pretrained, hf_config
 from sao_jax.models.inference import KVCache, decode_step, extend, init_cache, prefill
 from sao_jax.models.policy import (
   FROZEN,
@@ -27,24 +28,33 @@ from sao_jax.models.policy import (
   critic_from_policy,
   critic_param_labels,
 )
+from sao_jax.models.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 __all__ = [
   "FROZEN",
   "PRESETS",
   "TRAINABLE",
+  "ByteTokenizer",
   "Critic",
   "Decoder",
+  "HFTokenizer",
   "KVCache",
   "ModelConfig",
   "Policy",
+  "Tokenizer",
   "config_from",
+  "config_from_hf",
   "critic_from_policy",
   "critic_param_labels",
   "decode_step",
   "default_positions",
+  "export_hf",
   "extend",
+  "from_pretrained",
   "get_preset",
+  "hf_config",
   "init_cache",
+  "load_tokenizer",
   "prefill",
   "segment_starts",
 ]
