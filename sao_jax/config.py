@@ -223,6 +223,14 @@ def base_config() -> ConfigDict:
   c.env.memory_mb = 512
   # Observations longer than this many characters are truncated.
   c.env.max_observation_chars = 2000
+  # SWE runtime: 'local' (sandboxed workspace copy) or 'docker' (SWE-bench images; needs an engine).
+  c.env.runtime = "local"
+  # Online style simulation: steps at which the preferred style switches, and the judge
+  # ('local' = deterministic feature judge; 'llm' = an OpenAI-compatible endpoint at judge_url).
+  c.env.style_switch_steps = (150, 300)
+  c.env.style_judge = "local"
+  c.env.judge_url = ""
+  c.env.judge_model = "default"
 
   c.data = ConfigDict()
   # Task source: 'procedural' (generated), 'reasoning_gym', 'jsonl', 'gsm8k_test', 'champ',
