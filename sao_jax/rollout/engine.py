@@ -15,7 +15,8 @@ A background thread owns the model state and the cache and loops:
      the others keep decoding.
 
 Compiled functions have static shapes: one decode step `[S]`, and one prefill per bucket `[P, Tb]`;
-nothing recompiles per request or after a weight swap (`num_compilations` counts traces).
+nothing recompiles per request or after a weight swap (`num_compilations` counts XLA compilations
+of the step functions, through jax.monitoring).
 
 Determinism: token i of a request is drawn with the uniform `sampling.row_uniforms(engine seed,
 request seed, i)`, every row of a step is computed independently at fixed shapes, and a prompt's
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import threading
 import time
@@ -94,6 +96,7 @@ class Engine(GenerateEngine):
     cache_dtype: Any = None,
   ):
     graphdef, state = model if isinstance(model, tuple) else nnx.split(model)
+    state = _owned_copy(state)  # the caller may donate or update its own arrays later
     self.cfg: models.ModelConfig = nnx.merge(graphdef, state).cfg
     buckets = tuple(sorted(set(prompt_buckets or default_buckets(max_len))))
     if num_slots < 1 or prefill_batch < 1:
@@ -106,10 +109,10 @@ class Engine(GenerateEngine):
     self.prefill_batch = prefill_batch
     self._graphdef, self._state, self._version = graphdef, state, int(version)
     self.seed = int(seed)
-    self._cache = models.init_cache(self.cfg, num_slots, max_len, cache_dtype)
+    self._cache = _owned_copy(models.init_cache(self.cfg, num_slots, max_len, cache_dtype))
     self._decode_fn = jax.jit(self._decode_impl, donate_argnums=1)
     self._prefill_fn = jax.jit(self._prefill_impl, donate_argnums=1)
-    self._traces = collections.Counter()
+    self._compiles = collections.Counter()
     self._cv = threading.Condition()
     self._pending: collections.deque[_Seq] = collections.deque()
     self._slots: list[_Seq | None] = [None] * num_slots
@@ -218,8 +221,8 @@ class Engine(GenerateEngine):
 
   @property
   def num_compilations(self) -> int:
-    """Traces of the compiled step functions so far (one per prefill bucket, one for decode)."""
-    return sum(self._traces.values())
+    """XLA compilations of the step functions so far (one per prefill bucket, one for decode)."""
+    return sum(self._compiles.values())
 
   def stats(self) -> dict[str, float]:
     """Counters: decode steps, tokens, prefills, slot utilization over decode steps, compilations."""
@@ -242,9 +245,12 @@ class Engine(GenerateEngine):
     with self._cv:
       if any(s is not None for s in self._slots) or self._pending:
         raise RuntimeError("Engine.warmup: call it before submitting requests")
-      self._cache, *_ = self._decode_fn(self._state, self._cache, *self._step_arrays([]))
+      with _counting(self._compiles, "decode"):
+        self._cache, *_ = self._decode_fn(self._state, self._cache, *self._step_arrays([]))
       for tb in buckets or self.buckets:
-        self._cache, *_ = self._prefill_fn(self._state, self._cache, *self._prefill_arrays([], tb))
+        with _counting(self._compiles, f"prefill_{tb}"):
+          inputs = self._prefill_arrays([], tb)
+          self._cache, *_ = self._prefill_fn(self._state, self._cache, *inputs)
       jax.block_until_ready(self._cache)
 
   # --------------------------------------------------------------------------- compiled steps
@@ -252,7 +258,6 @@ class Engine(GenerateEngine):
     self, state, cache, tokens_s, active_s, seeds_s2, steps_s, temp_s, top_p_s, top_k_s
   ):
     """Appends each active slot's last token and samples the next: (cache, tokens_s, logprobs_s)."""
-    self._traces["decode"] += 1  # runs only while tracing
     cache, logits_sv = models.decode_step((self._graphdef, state), cache, tokens_s, active_s)
     uniforms_s = sampling.row_uniforms(self.seed, seeds_s2, steps_s)
     tokens_s, logprobs_s = sampling.sample(logits_sv, uniforms_s, temp_s, top_p_s, top_k_s)
@@ -262,7 +267,6 @@ class Engine(GenerateEngine):
     self, state, cache, tokens_pt, lengths_p, slots_p, seeds_p2, temp_p, top_p_p, top_k_p
   ):
     """Writes P prompts into their slots and samples each one's first token."""
-    self._traces[f"prefill_{tokens_pt.shape[1]}"] += 1
     cache, logits_pv = models.prefill((self._graphdef, state), cache, tokens_pt, lengths_p, slots_p)
     steps_p = jnp.zeros(lengths_p.shape, jnp.int32)
     uniforms_p = sampling.row_uniforms(self.seed, seeds_p2, steps_p)
@@ -349,7 +353,8 @@ class Engine(GenerateEngine):
 
   def _run_prefill(self, bucket: int, group: list[tuple[int, _Seq]]) -> None:
     inputs = self._prefill_arrays(group, bucket)
-    self._cache, tokens_p, logprobs_p = self._prefill_fn(self._state, self._cache, *inputs)
+    with _counting(self._compiles, f"prefill_{bucket}"):
+      self._cache, tokens_p, logprobs_p = self._prefill_fn(self._state, self._cache, *inputs)
     tokens_p, logprobs_p = jax.device_get((tokens_p, logprobs_p))
     self._stats["prefills"] += len(group)
     self._stats["prefill_calls"] += 1
@@ -360,7 +365,8 @@ class Engine(GenerateEngine):
   def _run_decode(self) -> None:
     slots = list(self._slots)
     inputs = self._step_arrays(slots)
-    self._cache, tokens_s, logprobs_s = self._decode_fn(self._state, self._cache, *inputs)
+    with _counting(self._compiles, "decode"):
+      self._cache, tokens_s, logprobs_s = self._decode_fn(self._state, self._cache, *inputs)
     tokens_s, logprobs_s = jax.device_get((tokens_s, logprobs_s))
     active = [i for i, seq in enumerate(slots) if seq is not None]
     self._stats["decode_steps"] += 1
@@ -413,3 +419,36 @@ class Engine(GenerateEngine):
     for seq in seqs:
       if not seq.future.done():
         seq.future.set_exception(error)
+
+
+def _owned_copy(tree: Any, like: Any = None) -> Any:
+  """Fresh, committed device copies of `tree`'s arrays (placed like `like`'s leaves if given).
+
+  Committed arrays keep the compiled functions' input placement identical across weight swaps
+  (an uncommitted and a committed argument compile separately).
+  """
+  like = tree if like is None else like
+  return jax.tree.map(lambda x, ref: jax.device_put(x, ref.sharding, may_alias=False), tree, like)
+
+
+_COUNTER = threading.local()
+
+
+def _on_compile(event: str, duration: float, **kwargs) -> None:
+  del duration, kwargs
+  counter = getattr(_COUNTER, "value", None)
+  if event == "/jax/core/compile/backend_compile_duration" and counter is not None:
+    counter[_COUNTER.key] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_compile)
+
+
+@contextlib.contextmanager
+def _counting(counter: collections.Counter, key: str):
+  """Counts the XLA compilations this thread runs inside the block into `counter[key]`."""
+  _COUNTER.value, _COUNTER.key = counter, key
+  try:
+    yield
+  finally:
+    _COUNTER.value = None
