@@ -191,7 +191,9 @@ class EngineServer:
 
   def start(self) -> int:
     """Serves in a background thread; returns the bound port."""
-    self._thread = threading.Thread(target=self.httpd.serve_forever, name="sao-serve", daemon=True)
+    self._thread = threading.Thread(
+      target=self.httpd.serve_forever, args=(0.1,), name="sao-serve", daemon=True
+    )
     self._thread.start()
     return self.port
 
