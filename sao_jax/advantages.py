@@ -6,8 +6,8 @@ inputs are `[B, T]`; masks are bool. Every token-level output is 0 where its mas
 Skip-observation GAE runs the TD(λ) recursion over action tokens only: an action token bootstraps
 from the NEXT ACTION token, so observation, prompt and padding tokens (which the policy did not
 choose) never enter the chain. Every recursion here is a first-order linear recurrence
-x_t = a_t * x_{t+1} + b_t, evaluated with `jax.lax.associative_scan` (O(log T) depth), so a 128k-token
-trajectory is not a 128k-step serial loop.
+x_t = a_t * x_{t+1} + b_t, evaluated with `jax.lax.associative_scan` (O(log T) depth), so a
+128k-token trajectory is not a 128k-step serial loop.
 
 References:
   GAE: Schulman et al. 2016, arXiv 1506.02438. Skip-observation GAE / decoupled length-adaptive λ:
@@ -133,8 +133,8 @@ def skip_observation_gae(
 
   A reward on a non-action position is moved onto the preceding action token (undiscounted), not
   dropped; a reward before the first action token has no action to credit and is ignored.
-  Implementation: each row's action tokens are compacted to its front (a cumsum and a scatter), where
-  the recursion is ordinary GAE, solved by one associative scan; results are scattered back.
+  Implementation: each row's action tokens are compacted to its front (a cumsum and a scatter),
+  where the recursion is ordinary GAE, solved by one associative scan; results are gathered back.
 
   Args:
     rewards: [B, T] float rewards (the outcome reward sits on the last action token).

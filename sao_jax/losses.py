@@ -38,8 +38,8 @@ References:
   DIS: GLM-5 report arXiv 2602.15763 §4.1 and SAO arXiv 2607.07508. PPO: Schulman et al. 2017,
   arXiv 1707.06347; dual clip: Ye et al. 2020, arXiv 1912.09729; clip-higher and token-mean:
   DAPO arXiv 2503.14476. Decoupled PPO: AReaL arXiv 2505.24298. TIS: Yao et al. 2025 ("off-policy
-  RL in disguise"). IcePop: Ring-1T arXiv 2510.18855. VAPO: arXiv 2504.05118. KL estimators k1/k2/k3:
-  J. Schulman, "Approximating KL divergence" (2020).
+  RL in disguise"). IcePop: Ring-1T arXiv 2510.18855. VAPO: arXiv 2504.05118. KL estimators
+  k1/k2/k3: J. Schulman, "Approximating KL divergence" (2020).
 """
 
 from __future__ import annotations

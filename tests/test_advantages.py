@@ -20,7 +20,7 @@ _skip_gae = jax.jit(
 
 
 def _np_skip_gae(r, v, m, gamma, lam):
-  """Serial skip-observation GAE in numpy (verl's loop, plus moving rewards onto the last action)."""
+  """Serial skip-observation GAE in numpy (verl's loop; observation rewards move back)."""
   b, t = r.shape
   lam = np.broadcast_to(np.asarray(lam, np.float64), (b,))
   adv = np.zeros((b, t))
@@ -79,7 +79,7 @@ def test_skip_observation_gae_hand_computed():
   m = jnp.array([[0, 1, 1, 0, 0, 1, 0]], bool)
   v = jnp.array([[9.0, 0.5, 0.6, 9.0, 9.0, 0.7, 9.0]])
   r = jnp.array([[0.0, 0, 0, 0, 0, 1.0, 0]])
-  a, ret = adv_lib.skip_observation_gae(r, v, m, gamma=0.9, lam=0.8)
+  a, ret = _skip_gae(r, v, m, 0.9, 0.8)
   # A5 = 1 - .7 = .3 ; A2 = .9*.7 - .6 + .72*.3 = .246 ; A1 = .9*.6 - .5 + .72*.246 = .21712
   np.testing.assert_allclose(a[0], [0, 0.21712, 0.246, 0, 0, 0.3, 0], atol=1e-6)
   np.testing.assert_allclose(ret[0], [0, 0.71712, 0.846, 0, 0, 1.0, 0], atol=1e-6)
@@ -98,7 +98,7 @@ def test_reward_on_observation_moves_to_previous_action():
   m = jnp.array([[0, 1, 1, 0, 0, 1, 0]], bool)
   v = jnp.zeros((1, 7))
   r = jnp.array([[5.0, 0, 0, 0.5, 0.25, 1.0, 2.0]])  # 5.0 on the prompt has no action: ignored
-  a, _ = adv_lib.skip_observation_gae(r, v, m, gamma=1.0, lam=1.0)
+  a, _ = _skip_gae(r, v, m, 1.0, 1.0)
   np.testing.assert_allclose(a[0], [0, 3.75, 3.75, 0, 0, 3.0, 0], atol=1e-6)
 
 
@@ -111,21 +111,23 @@ def test_skip_observation_gae_matches_numpy_serial(per_row_lam):
   want_a, want_r = _np_skip_gae(r, v, m, 0.99, lam)
   lam_j = jnp.asarray(lam, jnp.float32)
   args = (jnp.asarray(r, jnp.float32), jnp.asarray(v, jnp.float32), jnp.asarray(m))
-  for fn in (adv_lib.skip_observation_gae, adv_lib.skip_observation_gae_serial):
-    a, ret = jax.jit(lambda r, v, m, fn=fn: fn(r, v, m, gamma=0.99, lam=lam_j))(*args)
+  serial = jax.jit(
+    lambda r, v, m: adv_lib.skip_observation_gae_serial(r, v, m, gamma=0.99, lam=lam_j)
+  )
+  for a, ret in (_skip_gae(*args, 0.99, lam_j), serial(*args)):
     np.testing.assert_allclose(a, want_a, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ret, want_r, rtol=1e-5, atol=1e-5)
 
 
 def test_no_observations_equals_plain_gae():
   rng = np.random.default_rng(1)
-  m = np.zeros((4, 40), bool)
-  for i, (s, e) in enumerate([(1, 40), (5, 30), (10, 11), (3, 25)]):
+  m = np.zeros((6, 64), bool)
+  for i, (s, e) in enumerate([(1, 64), (5, 30), (10, 11), (3, 25), (2, 63), (60, 64)]):
     m[i, s:e] = True  # prompt prefix, one contiguous action span, padding
-  r, v = rng.normal(size=(4, 40)) * m, rng.normal(size=(4, 40))  # rewards on action tokens
+  r, v = rng.normal(size=(6, 64)) * m, rng.normal(size=(6, 64))  # rewards on action tokens
   args = (jnp.asarray(r, jnp.float32), jnp.asarray(v, jnp.float32), jnp.asarray(m))
-  got = adv_lib.skip_observation_gae(*args, gamma=0.97, lam=0.9)
-  want = adv_lib.gae(*args, gamma=0.97, lam=0.9)
+  got = _skip_gae(*args, 0.97, 0.9)
+  want = jax.jit(lambda *x: adv_lib.gae(*x, gamma=0.97, lam=0.9))(*args)
   for x, y in zip(got, want, strict=True):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
 
@@ -152,12 +154,11 @@ def test_inserting_observations_leaves_action_advantages_unchanged(
   for k in range(n_actions):
     rows[1].append((r_act[k], v_act[k], True))
     rows[1] += [(0.0, rng.normal(), False)] * obs[k]
-  t = 1 + 12 * 5 + 3  # fixed T (padding), so every example reuses one compile
+  t = 64  # fixed T (padding), so every example reuses one compile
+  rows += [[]] * 4  # empty rows: the batch shape (6, 64) is shared with other tests' compile
   r, v, m = (np.array([[x[j] for x in row] + [pad] * (t - len(row)) for row in rows])
              for j, pad in ((0, 0.0), (1, 0.0), (2, False)))  # fmt: skip
-  a, ret = adv_lib.skip_observation_gae(
-    jnp.asarray(r, jnp.float32), jnp.asarray(v, jnp.float32), jnp.asarray(m), gamma=gamma, lam=lam
-  )
+  a, ret = _skip_gae(*(jnp.asarray(x, jnp.float32) for x in (r, v)), jnp.asarray(m), gamma, lam)
   a, ret = np.asarray(a), np.asarray(ret)
   np.testing.assert_allclose(a[1][m[1]], a[0][m[0]], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(ret[1][m[1]], ret[0][m[0]], rtol=1e-5, atol=1e-5)
@@ -168,9 +169,7 @@ def test_inserting_observations_leaves_action_advantages_unchanged(
 def test_gamma_lambda_one_returns_final_reward(seed):
   rng = np.random.default_rng(seed)
   r, v, m = _random_trajectories(rng, 6, 64)
-  _, ret = adv_lib.skip_observation_gae(
-    jnp.asarray(r, jnp.float32), jnp.asarray(v, jnp.float32), jnp.asarray(m), gamma=1.0, lam=1.0
-  )
+  _, ret = _skip_gae(*(jnp.asarray(x, jnp.float32) for x in (r, v)), jnp.asarray(m), 1.0, 1.0)
   final = r.sum(axis=1, keepdims=True)  # the outcome reward sits on the last action token
   np.testing.assert_allclose(np.asarray(ret)[m], np.broadcast_to(final, m.shape)[m], atol=1e-5)
   assert np.all(np.asarray(ret)[~m] == 0)
@@ -226,7 +225,8 @@ def test_vtrace_on_policy_equals_skip_gae():
   rng = np.random.default_rng(4)
   r, v, m = _random_trajectories(rng, 6, 64)
   args = (jnp.asarray(r, jnp.float32), jnp.asarray(v, jnp.float32))
-  vs, _ = adv_lib.vtrace_targets(*args, jnp.zeros((6, 64)), jnp.asarray(m), gamma=0.99, lam=0.9)
+  vtrace = jax.jit(lambda *x: adv_lib.vtrace_targets(*x, gamma=0.99, lam=0.9))
+  vs, _ = vtrace(*args, jnp.zeros((6, 64)), jnp.asarray(m))
   _, ret = _skip_gae(*args, jnp.asarray(m), 0.99, 0.9)
   np.testing.assert_allclose(vs, ret, rtol=1e-5, atol=1e-5)
 
@@ -235,10 +235,10 @@ def test_vtrace_off_policy_matches_numpy():
   rng = np.random.default_rng(5)
   r, v, m = _random_trajectories(rng, 6, 64)
   log_rho = rng.normal(scale=0.7, size=r.shape)
-  vs, pg = adv_lib.vtrace_targets(
-      *(jnp.asarray(x, jnp.float32) for x in (r, v, log_rho)), jnp.asarray(m),
-      gamma=0.95, lam=0.9, rho_clip=1.2, c_clip=0.8,
-  )  # fmt: skip
+  vtrace = jax.jit(
+    lambda *x: adv_lib.vtrace_targets(*x, gamma=0.95, lam=0.9, rho_clip=1.2, c_clip=0.8)
+  )
+  vs, pg = vtrace(*(jnp.asarray(x, jnp.float32) for x in (r, v, log_rho)), jnp.asarray(m))
   want_vs, want_pg = _np_vtrace(r, v, log_rho, m, 0.95, 0.9, 1.2, 0.8)
   np.testing.assert_allclose(vs, want_vs, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(pg, want_pg, rtol=1e-5, atol=1e-5)

@@ -157,7 +157,7 @@ def test_bad_shapes():
     fused_token_logprobs(h, w, t.astype(jnp.float32))
 
 
-@hypothesis.settings(max_examples=10, deadline=None)
+@hypothesis.settings(max_examples=6, deadline=None)
 @hypothesis.given(
   n=st.integers(1, 24),
   v=st.integers(2, 70),

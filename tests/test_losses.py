@@ -1,4 +1,4 @@
-"""sao_jax.losses: every loss against a numpy reimplementation, band edges, micro-batch invariance."""
+"""sao_jax.losses: every loss against numpy, DIS band edges, micro-batch invariance."""
 
 import math
 

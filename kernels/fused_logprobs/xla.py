@@ -4,9 +4,9 @@ Shapes: N = tokens (rows), D = model width, V = vocabulary size; bn, bv = row an
 sizes. Only `[bn, bv]` logit tiles ever exist.
 
 Forward: an outer loop over vocabulary blocks and an inner loop over row blocks keep per-row online
-statistics (running max m, sum of exp s, sum of exp * (z - m), target logit), so W is read once and
-h once per vocabulary block. Backward (`jax.custom_vjp`): the same loops recompute each tile and form
-its logit cotangent
+statistics (running max m, sum of exp s, sum of exp * (z - m), target logit), so W is read once
+and h once per vocabulary block. Backward (`jax.custom_vjp`): the same loops recompute each tile
+and form its logit cotangent
 
   dz = g_logp * (onehot - p) - g_ent * p * (log p + H)
 
