@@ -12,8 +12,6 @@ EXP_ARGS := $(patsubst $(EXP_NAME)%,%,$(EXP))
 WORKDIR  ?= runs/$(subst :,_,$(subst =,-,$(subst $(comma),_,$(EXP))))
 PYTEST   := $(PY) -m pytest
 comma    := ,
-# Eight fake CPU devices, so sharding code paths run everywhere.
-export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export PYTHONUNBUFFERED := 1
 
 .PHONY: help install train test test-all bench lint format tensorboard reproduce clean
