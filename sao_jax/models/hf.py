@@ -121,8 +121,42 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
   """A ModelConfig from a Hugging Face config.json dict (Llama, Qwen3, Qwen3-MoE).
 
   Raises:
-    ValueError naming the config.json field that we do not support.
+    ValueError naming the config.json field that is missing or that we do not support.
   """
+  _check_hf_config(hf)
+  mt, heads, d = hf["model_type"], _req(hf, "num_attention_heads"), _req(hf, "hidden_size")
+  rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+  kw = dict(
+    name=hf.get("_name_or_path") or mt,
+    vocab_size=_req(hf, "vocab_size"),
+    d_model=d,
+    num_layers=_req(hf, "num_hidden_layers"),
+    num_heads=heads,
+    num_kv_heads=hf.get("num_key_value_heads") or heads,
+    head_dim=hf.get("head_dim") or d // heads,
+    mlp_dim=_req(hf, "intermediate_size"),
+    qk_norm=mt != "llama",
+    tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+    rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+    norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+    max_seq_len=int(hf.get("max_position_embeddings", 4096)),
+    init_std=float(hf.get("initializer_range", 0.02)),
+    bos_id=_first(hf.get("bos_token_id")),
+    eos_id=_first(hf.get("eos_token_id")),
+  )
+  if mt == "qwen3_moe":
+    kw.update(
+      num_experts=hf.get("num_local_experts") or _req(hf, "num_experts"),
+      experts_per_token=_req(hf, "num_experts_per_tok"),
+      moe_mlp_dim=_req(hf, "moe_intermediate_size"),
+      norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+    )
+  kw.update(overrides)
+  return ModelConfig(**kw)
+
+
+def _check_hf_config(hf: dict[str, Any]):
+  """Raises ValueError naming the first config.json field this decoder cannot represent."""
   mt = hf.get("model_type")
   if mt not in SUPPORTED:
     raise ValueError(
@@ -132,49 +166,21 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
   rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
   rope_type = rope.get("rope_type", rope.get("type", "default"))
   _need(rope_type == "default", "rope_parameters.rope_type", f"{rope_type!r} (only 'default')")
-  theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
   _need(not hf.get("attention_bias", False), "attention_bias", "True (no attention biases)")
   _need(not hf.get("mlp_bias", False), "mlp_bias", "True (no MLP biases)")
   _need(hf.get("hidden_act", "silu") == "silu", "hidden_act", f"{hf.get('hidden_act')!r}")
   _need(not hf.get("use_sliding_window", False), "use_sliding_window", "True")
-  heads = hf["num_attention_heads"]
-  kw = dict(
-    name=hf.get("_name_or_path") or mt,
-    vocab_size=hf["vocab_size"],
-    d_model=hf["hidden_size"],
-    num_layers=hf["num_hidden_layers"],
-    num_heads=heads,
-    num_kv_heads=hf.get("num_key_value_heads") or heads,
-    head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-    mlp_dim=hf["intermediate_size"],
-    qk_norm=mt != "llama",
-    tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-    rope_theta=float(theta),
-    norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-    max_seq_len=int(hf.get("max_position_embeddings", 4096)),
-    init_std=float(hf.get("initializer_range", 0.02)),
-    bos_id=_first(hf.get("bos_token_id")),
-    eos_id=_first(hf.get("eos_token_id")),
-  )
   if mt == "qwen3_moe":
-    _need(
-      not hf.get("mlp_only_layers"),
-      "mlp_only_layers",
-      f"{hf.get('mlp_only_layers')} (all layers must be MoE)",
-    )
-    _need(
-      hf.get("decoder_sparse_step", 1) == 1,
-      "decoder_sparse_step",
-      f"{hf.get('decoder_sparse_step')} (must be 1)",
-    )
-    kw.update(
-      num_experts=hf.get("num_local_experts") or hf["num_experts"],
-      experts_per_token=hf["num_experts_per_tok"],
-      moe_mlp_dim=hf["moe_intermediate_size"],
-      norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
-    )
-  kw.update(overrides)
-  return ModelConfig(**kw)
+    layers = hf.get("mlp_only_layers")
+    _need(not layers, "mlp_only_layers", f"{layers} (all layers must be MoE)")
+    step = hf.get("decoder_sparse_step", 1)
+    _need(step == 1, "decoder_sparse_step", f"{step} (must be 1)")
+
+
+def _req(hf: dict[str, Any], key: str) -> Any:
+  if key not in hf:
+    raise ValueError(f"config.json: required field {key!r} is missing")
+  return hf[key]
 
 
 def hf_config(cfg: ModelConfig, dtype: str | None = None) -> dict[str, Any]:
@@ -284,17 +290,7 @@ def build_policy(
   shardings = _flat(shd.param_shardings(abstract, mesh, rules)) if mesh is not None else {}
   specs = weight_map(cfg)
   flat = _flat(abstract)
-  missing = [n for s in specs.values() for n in s.names if n not in available]
-  if missing:
-    raise ValueError(f"{source}: tensor {missing[0]!r} is missing ({len(missing)} missing in all)")
-  unused = sorted(
-    n for n in available - {n for s in specs.values() for n in s.names} if not _IGNORED.match(n)
-  )
-  if unused:
-    raise ValueError(
-      f"{source}: {len(unused)} tensors are not used by {cfg.hf_model_type} "
-      f"(config.json and weights disagree?), e.g. {unused[:3]}"
-    )
+  _check_names(specs, available, cfg, source)
   values = {}
   for key in tqdm(flat, desc="loading weights", disable=None):
     spec, v = specs[key], flat[key]
@@ -308,10 +304,29 @@ def build_policy(
   return nnx.merge(graphdef, state)
 
 
+def _check_names(specs: dict[str, TensorSpec], available: set[str], cfg: ModelConfig, source: str):
+  """Every tensor the model needs is there, and every tensor there is used (rotary buffers aside)."""
+  needed = {n for s in specs.values() for n in s.names}
+  missing = sorted(needed - available)
+  if missing:
+    raise ValueError(f"{source}: tensor {missing[0]!r} is missing ({len(missing)} missing in all)")
+  unused = sorted(n for n in available - needed if not _IGNORED.match(n))
+  if unused:
+    raise ValueError(
+      f"{source}: {len(unused)} tensors are not used by {cfg.hf_model_type} "
+      f"(config.json and weights disagree?), e.g. {unused[:3]}"
+    )
+
+
 def export_hf(
   policy: Policy, path: str, *, dtype: str | None = None, max_shard_bytes: int = 4 << 30
 ) -> list[str]:
   """Writes `policy` as a Hugging Face checkpoint directory (config.json + safetensors).
+
+  Parameters are fetched and written shard by shard, so the host holds at most one shard
+  (`max_shard_bytes`, or one parameter if larger). Each file appears atomically (written under a
+  temporary name, then renamed); config.json is written last. Single-host: every parameter must be
+  addressable from this process.
 
   Args:
     policy: the model.
@@ -326,36 +341,43 @@ def export_hf(
 
   cfg = policy.cfg
   dtype = dtype or cfg.param_dtype
-  np_dtype = jnp.dtype(dtype)
   os.makedirs(path, exist_ok=True)
   flat = _flat(nnx.state(policy, nnx.Param))
   specs = weight_map(cfg)
-  shards: list[dict[str, np.ndarray]] = [{}]
-  size = 0
-  for key in tqdm(sorted(flat), desc="exporting weights", disable=None):
-    x = np.asarray(jax.device_get(flat[key])).astype(np_dtype)
-    for name, arr in zip(specs[key].names, specs[key].to_hf(x), strict=True):
-      if size and size + arr.nbytes > max_shard_bytes:
-        shards.append({})
-        size = 0
-      shards[-1][name] = arr
-      size += arr.nbytes
+  plan = _plan_shards(flat, jnp.dtype(dtype).itemsize, max_shard_bytes)
   files = (
     ["model.safetensors"]
-    if len(shards) == 1
-    else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    if len(plan) == 1
+    else [f"model-{i + 1:05d}-of-{len(plan):05d}.safetensors" for i in range(len(plan))]
   )
-  for fname, tensors in zip(files, shards, strict=True):
+  weight_files, total = {}, 0
+  for fname, keys in tqdm(list(zip(files, plan, strict=True)), desc="exporting", disable=None):
+    tensors = {}
+    for key in keys:
+      x = np.asarray(jax.device_get(flat[key])).astype(jnp.dtype(dtype))
+      tensors.update(zip(specs[key].names, specs[key].to_hf(x), strict=True))
     save_file(tensors, os.path.join(path, fname + ".tmp"), metadata={"format": "pt"})
     os.replace(os.path.join(path, fname + ".tmp"), os.path.join(path, fname))
+    weight_files.update(dict.fromkeys(tensors, fname))
+    total += sum(a.nbytes for a in tensors.values())
   if len(files) > 1:
-    index = {
-      "metadata": {"total_size": sum(a.nbytes for s in shards for a in s.values())},
-      "weight_map": {n: f for f, s in zip(files, shards, strict=True) for n in s},
-    }
+    index = {"metadata": {"total_size": total}, "weight_map": weight_files}
     _write_json(os.path.join(path, "model.safetensors.index.json"), index)
   _write_json(os.path.join(path, "config.json"), hf_config(cfg, dtype))
   return files
+
+
+def _plan_shards(flat: dict[str, Any], itemsize: int, max_bytes: int) -> list[list[str]]:
+  """Greedy split of the parameters (sorted by path) into files of at most max_bytes each."""
+  plan, size = [[]], 0
+  for key in sorted(flat):
+    n = int(np.prod(flat[key].shape)) * itemsize
+    if size and size + n > max_bytes:
+      plan.append([])
+      size = 0
+    plan[-1].append(key)
+    size += n
+  return plan
 
 
 class _SafetensorsDir:
