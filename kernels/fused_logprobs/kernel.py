@@ -62,7 +62,8 @@ def _logit_tile(h_ref, w_ref, inv_t_ref, cfg: _Config, i, j):
   shape = (h_ref.shape[0], w_ref.shape[1])
   rows = i * cfg.bn + lax.broadcasted_iota(jnp.int32, shape, 0)
   cols = j * cfg.bv + lax.broadcasted_iota(jnp.int32, shape, 1)
-  z = _dot(h_ref[...], w_ref[...], (1, 0)) * inv_t_ref[0, 0]
+  # 1/T is a (1, 1) block broadcast over the tile (no scalar extraction from VMEM).
+  z = _dot(h_ref[...], w_ref[...], (1, 0)) * inv_t_ref[...]
   return jnp.where(cols < cfg.v, z, -jnp.inf), cols, rows
 
 
@@ -90,7 +91,7 @@ def _tile_dz(h_ref, w_ref, t_ref, rv_ref, inv_t_ref, cfg: _Config, i, j):
   z, cols, rows = _logit_tile(h_ref, w_ref, inv_t_ref, cfg, i, j)
   rv = rv_ref[...]  # [bn, 4]: lse, entropy, g_logp, g_ent
   dz = tile_cotangent(z, rv[:, 0:1], rv[:, 1:2], cols == t_ref[...], rv[:, 2:3], rv[:, 3:4])
-  return jnp.where((cols < cfg.v) & (rows < cfg.n), dz, 0.0) * inv_t_ref[0, 0]
+  return jnp.where((cols < cfg.v) & (rows < cfg.n), dz, 0.0) * inv_t_ref[...]
 
 
 def _dh_kernel(h_ref, w_ref, t_ref, rv_ref, inv_t_ref, dh_ref, acc_ref, *, cfg: _Config):
