@@ -499,7 +499,11 @@ def _validate_rollout(c: ConfigDict):
 
 
 def mesh_shape(config: ConfigDict, num_devices: int) -> dict[str, int]:
-  """Resolves the mesh axis sizes (one -1 takes the remaining devices)."""
+  """Resolves the mesh axis sizes: one -1 takes the remaining devices.
+
+  Without a -1 the axes may cover fewer devices than there are (the mesh then uses the first ones,
+  e.g. `mesh.data=1` for a single-device run on a host with 8 fake CPU devices).
+  """
   m = config.mesh
   sizes = {a: int(m[a]) for a in ("data", "fsdp", "tensor", "expert")}
   free = [a for a, s in sizes.items() if s == -1]
@@ -517,11 +521,18 @@ def mesh_shape(config: ConfigDict, num_devices: int) -> dict[str, int]:
       f"{num_devices} devices are not divisible by the other axes' product {fixed}",
     )
     sizes[free[0]] = num_devices // fixed
-  total = 1
-  for s in sizes.values():
-    total *= s
-  _check(total == num_devices, "mesh", f"axes {sizes} cover {total} devices, not {num_devices}")
+  _check(
+    fixed <= num_devices, "mesh", f"axes {sizes} need {fixed} devices, only {num_devices} exist"
+  )
   return sizes
+
+
+def mesh_size(config: ConfigDict, num_devices: int) -> int:
+  """Devices the mesh uses (the product of `mesh_shape`)."""
+  n = 1
+  for s in mesh_shape(config, num_devices).values():
+    n *= s
+  return n
 
 
 def _validate_mesh(c: ConfigDict, num_devices: int | None):

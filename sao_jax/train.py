@@ -71,7 +71,7 @@ def train(config, workdir: str, *, progress: bool | None = None) -> dict[str, An
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write(config_lib.to_json(config))
-  mesh, rules = sharding.make_mesh(config), sharding.rules_from(config)
+  mesh, rules = make_mesh(config), sharding.rules_from(config)
   tokenizer = load_tokenizer(config)
   algo = algos.ALGOS[config.algo]
   writer = metrics.MetricWriter(workdir) if jax.process_index() == 0 else None
@@ -230,6 +230,12 @@ def load_tokenizer(config):
   if spec == "model":
     spec = config.model.path
   return models.load_tokenizer(spec)
+
+
+def make_mesh(config):
+  """The run's mesh over the first `mesh_size` devices (all of them unless the config says less)."""
+  devices = jax.devices()[: config_lib.mesh_size(config, jax.device_count())]
+  return sharding.make_mesh(config, devices=devices)
 
 
 def build_policy(config, tokenizer, mesh, rules) -> models.Policy:

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -65,6 +66,11 @@ def test_mesh_shape_resolves_free_axis():
   c.mesh.tensor = 3
   with pytest.raises(config_lib.ConfigError, match="mesh.data"):
     config_lib.mesh_shape(c, 8)
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 1
+  assert config_lib.mesh_size(c, 8) == 1
+  c.mesh.data = 16
+  with pytest.raises(config_lib.ConfigError, match="need 16 devices, only 8"):
+    config_lib.mesh_size(c, 8)
 
 
 def test_load_spec_with_args():
@@ -100,7 +106,18 @@ def test_cli_rejects_invalid_value_in_one_line(tmp_path):
   assert r.stderr.strip().splitlines() == ["error: config.loss.eps_low: must be in (0, 1), got 1.5"]
 
 
-def test_config_json_is_written(tmp_path):
-  r = _train("--config=experiments/quickstart.py:steps=0", tmp_path=tmp_path)
-  saved = json.loads((tmp_path / "config.json").read_text())
-  assert saved["algo"] == "sao" and saved["total_steps"] == 0, r.stderr
+def test_config_json_is_written_before_training(tmp_path):
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "sao_jax.train", "--config=experiments/quickstart.py:steps=0",
+       f"--workdir={tmp_path}"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.time() + 120
+    while not (tmp_path / "config.json").exists() and time.time() < deadline:
+      time.sleep(0.2)
+    time.sleep(0.2)
+    saved = json.loads((tmp_path / "config.json").read_text())
+  finally:
+    proc.kill()
+    proc.wait()
+  assert saved["algo"] == "sao" and saved["total_steps"] == 0
+  assert saved["loss"]["eps_low"] == 0.3 and saved["mesh"]["rules"][0] == ["batch", ["data", "fsdp"]]

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from sao_jax import advantages as adv_lib
-from sao_jax import algos, losses, models, optim, train_step
+from sao_jax import algos, losses, models, optim, testing, train_step
 from sao_jax import config as config_lib
 
 B, T = 4, 24
@@ -46,39 +46,7 @@ def _models(config):
 
 
 def _batch(policy, b=B, seed=0, group_size=1):
-  """Two action segments with an observation between them, a prompt and end padding."""
-  rng = np.random.default_rng(seed)
-  tokens = rng.integers(3, 200, size=(b, T)).astype(np.int32)
-  mask = np.zeros((b, T), bool)
-  lengths = rng.integers(T - 6, T + 1, size=b)
-  for i, n in enumerate(lengths):
-    mask[i, 4:10] = True
-    mask[i, 14:n] = True
-  seg = (np.arange(T)[None] < lengths[:, None]).astype(np.int32)
-  logp = _logprobs(policy, tokens, seg)
-  roll = np.where(mask, np.asarray(logp) + rng.normal(0, 0.3, (b, T)), 0).astype(np.float32)
-  seq_r = rng.integers(0, 2, size=b).astype(np.float32)
-  rewards = np.zeros((b, T), np.float32)
-  for i in range(b):
-    rewards[i, np.flatnonzero(mask[i])[-1]] = seq_r[i]
-  return {
-    "tokens": tokens,
-    "positions": np.where(seg, np.arange(T)[None], 0).astype(np.int32),
-    "segment_ids": seg,
-    "action_mask": mask,
-    "rollout_logprobs": roll,
-    "policy_versions": np.where(mask, 0, -1).astype(np.int32),
-    "rewards": rewards,
-    "seq_rewards": seq_r,
-    "group_ids": (np.arange(b) // group_size).astype(np.int32),
-    "valid": np.ones(b, bool),
-  }
-
-
-def _logprobs(policy, tokens, seg):
-  graphdef, params = nnx.split(policy)
-  fn = jax.jit(lambda p, t, s: nnx.merge(graphdef, p).token_logprobs(t, None, s)[0])
-  return fn(params, jnp.asarray(tokens), jnp.asarray(seg))
+  return testing.synthetic_batch(policy, batch_size=b, seq_len=T, seed=seed, group_size=group_size)
 
 
 def _leaves(tree):
