@@ -111,3 +111,14 @@ def test_create_sharded_is_born_sharded():
   assert embed.sharding.spec == P("tensor", "fsdp")
   assert embed.addressable_shards[0].data.shape == (cfg.vocab_size // 2, cfg.d_model // 4)
   assert float(jnp.std(embed)) == pytest.approx(cfg.init_std, rel=0.1)
+
+
+def test_cache_shardings():
+  cfg = models.get_preset("tiny")
+  mesh = shd.make_mesh(shape={"data": 2, "fsdp": 2, "tensor": 2})
+  cache = models.init_cache(cfg, num_slots=8, max_len=16)
+  shardings = models.cache_shardings(cache, mesh)
+  assert shardings.k.spec == P(None, ("data", "fsdp"), None, "tensor", None)
+  assert shardings.lengths.spec == P(("data", "fsdp"))
+  placed = jax.device_put(cache, shardings)
+  assert placed.k.addressable_shards[0].data.shape == (2, 2, 16, 1, 16)

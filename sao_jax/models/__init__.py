@@ -19,7 +19,14 @@ Public API (design.md §3.3 and the models issue):
 from sao_jax.models.config import PRESETS, ModelConfig, config_from, get_preset
 from sao_jax.models.decoder import Decoder, default_positions, segment_starts
 from sao_jax.models.hf import config_from_hf, export_hf, from_pretrained, hf_config
-from sao_jax.models.inference import KVCache, decode_step, extend, init_cache, prefill
+from sao_jax.models.inference import (
+  KVCache,
+  cache_shardings,
+  decode_step,
+  extend,
+  init_cache,
+  prefill,
+)
 from sao_jax.models.policy import (
   FROZEN,
   TRAINABLE,
@@ -42,6 +49,7 @@ __all__ = [
   "ModelConfig",
   "Policy",
   "Tokenizer",
+  "cache_shardings",
   "config_from",
   "config_from_hf",
   "critic_from_policy",

@@ -28,8 +28,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from sao_jax import sharding as shd
 from sao_jax.models.config import ModelConfig
 from sao_jax.models.layers import F32
+
+# Logical axes of the cache's k and v: [L, S, M, K, H].
+_KV_AXES = (None, shd.BATCH, None, shd.KV_HEADS, None)
 
 
 @flax.struct.dataclass
@@ -74,6 +78,24 @@ def init_cache(cfg: ModelConfig, num_slots: int, max_len: int, dtype: Any = None
   return KVCache(
     jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((num_slots,), jnp.int32)
   )
+
+
+def cache_shardings(cache: KVCache, mesh: jax.sharding.Mesh, rules: shd.Rules = shd.DEFAULT_RULES):
+  """NamedShardings for a cache: slots over the batch axes, KV heads over the heads axis.
+
+  Args:
+    cache: a KVCache (concrete or abstract).
+    mesh: the device mesh.
+    rules: logical -> mesh rules.
+
+  Returns:
+    A KVCache of NamedShardings (e.g. for `jax.device_put` or jit `out_shardings`).
+  """
+  sizes = dict(mesh.shape)
+  kv = shd.logical_to_spec(_KV_AXES, rules, shape=cache.k.shape, mesh_sizes=sizes)
+  lengths = shd.logical_to_spec((shd.BATCH,), rules, shape=cache.lengths.shape, mesh_sizes=sizes)
+  named = lambda spec: jax.sharding.NamedSharding(mesh, spec)
+  return KVCache(named(kv), named(kv), named(lengths))
 
 
 def prefill(
