@@ -7,7 +7,11 @@ Skip-observation GAE runs the TD(λ) recursion over action tokens only: an actio
 from the NEXT ACTION token, so observation, prompt and padding tokens (which the policy did not
 choose) never enter the chain. Every recursion here is a first-order linear recurrence
 x_t = a_t * x_{t+1} + b_t, evaluated with `jax.lax.associative_scan` (O(log T) depth), so a
-128k-token trajectory is not a 128k-step serial loop.
+128k-token trajectory is not a 128k-step serial loop on an accelerator.
+
+`method` ('auto' | 'associative' | 'serial'): 'auto' is 'associative' on TPU/GPU and 'serial' (one
+`lax.scan` over T) on CPU, where a serial loop is cheap per step, measured faster, and compiles
+~10x faster (benchmarks/README.md, bench_loss). Both give the same numbers (tests/test_advantages.py).
 
 References:
   GAE: Schulman et al. 2016, arXiv 1506.02438. Skip-observation GAE / decoupled length-adaptive λ:
@@ -29,16 +33,38 @@ _F32 = jnp.float32
 # ---------------------------------------------------------------------------------------- scans
 
 
-def reverse_linear_scan(a_bt: jax.Array, b_bt: jax.Array) -> jax.Array:
+METHODS = ("auto", "associative", "serial")
+
+
+def resolve_method(method: str) -> str:
+  """'auto' -> 'serial' on CPU, 'associative' elsewhere; validates the name."""
+  if method not in METHODS:
+    raise ValueError(f"method: must be one of {METHODS}, got {method!r}")
+  if method == "auto":
+    return "serial" if jax.default_backend() == "cpu" else "associative"
+  return method
+
+
+def reverse_linear_scan(a_bt: jax.Array, b_bt: jax.Array, *, method: str = "auto") -> jax.Array:
   """Solves x_t = a_t * x_{t+1} + b_t backwards along axis 1, with x_T = 0.
 
   Args:
     a_bt: [B, T] coefficients.
     b_bt: [B, T] offsets.
+    method: 'associative' (`jax.lax.associative_scan`, O(log T) depth), 'serial' (`lax.scan`,
+      T steps) or 'auto'.
 
   Returns:
-    [B, T] x, computed by `jax.lax.associative_scan` (O(log T) depth).
+    [B, T] x.
   """
+  if resolve_method(method) == "serial":
+
+    def step(x, ab):
+      x = ab[0] * x + ab[1]
+      return x, x
+
+    _, x_tb = jax.lax.scan(step, jnp.zeros_like(a_bt[:, 0]), (a_bt.T, b_bt.T), reverse=True)
+    return x_tb.T
 
   def compose(later, earlier):
     # With reverse=True the scan folds from t = T - 1 down; `later` holds the already-composed
@@ -125,6 +151,7 @@ def skip_observation_gae(
   *,
   gamma: float,
   lam: float | jax.Array,
+  method: str = "auto",
 ) -> tuple[jax.Array, jax.Array]:
   """GAE over action tokens only: each action token bootstraps from the next action token.
 
@@ -133,8 +160,9 @@ def skip_observation_gae(
 
   A reward on a non-action position is moved onto the preceding action token (undiscounted), not
   dropped; a reward before the first action token has no action to credit and is ignored.
-  Implementation: each row's action tokens are compacted to its front (a cumsum and a scatter),
-  where the recursion is ordinary GAE, solved by one associative scan; results are gathered back.
+  Associative method: each row's action tokens are compacted to its front (a cumsum and a
+  scatter), where the recursion is ordinary GAE, solved by one associative scan; results are
+  gathered back. Serial method: `skip_observation_gae_serial`.
 
   Args:
     rewards: [B, T] float rewards (the outcome reward sits on the last action token).
@@ -142,6 +170,7 @@ def skip_observation_gae(
     action_mask: [B, T] bool, True on tokens sampled by the policy.
     gamma: discount.
     lam: GAE λ, a scalar or a [B] array (per trajectory, e.g. `length_adaptive_lambda`).
+    method: 'auto', 'associative' or 'serial' (module docstring).
 
   Returns:
     (advantages, returns): [B, T] float32 each, 0 where action_mask is False.
@@ -150,8 +179,10 @@ def skip_observation_gae(
     SAO (arXiv 2607.07508) §Skip-Observation GAE; verl PR #2337 (the same recursion, serially).
   """
   _check_bt(rewards=rewards, values=values, action_mask=action_mask)
+  if resolve_method(method) == "serial":
+    return skip_observation_gae_serial(rewards, values, action_mask, gamma=gamma, lam=lam)
   c, m, r_c, v_c = _action_chain(rewards, values, action_mask)
-  adv_c, _ = gae(r_c, v_c, c.valid, gamma=gamma, lam=lam)
+  adv_c, _ = gae(r_c, v_c, c.valid, gamma=gamma, lam=lam, method="associative")
   adv = _expand(adv_c, c, m)
   return adv, jnp.where(m, adv + values.astype(_F32), 0.0)
 
@@ -166,8 +197,9 @@ def skip_observation_gae_serial(
 ) -> tuple[jax.Array, jax.Array]:
   """The same recursion as `skip_observation_gae`, as a serial reverse `lax.scan` over T.
 
-  The reference for tests and the baseline for benchmarks/bench_loss.py (T sequential steps).
-  Arguments and returns as in `skip_observation_gae`.
+  The 'serial' method of `skip_observation_gae` (the default on CPU), the reference for its
+  associative form in tests, and the baseline in benchmarks/bench_loss.py. Arguments and returns
+  as in `skip_observation_gae`.
   """
   m = action_mask.astype(bool).T  # [T, B]: scan over time
   r, v = rewards.astype(_F32).T, values.astype(_F32).T
@@ -193,6 +225,7 @@ def gae(
   *,
   gamma: float,
   lam: float | jax.Array,
+  method: str = "auto",
 ) -> tuple[jax.Array, jax.Array]:
   """Plain token GAE over the positions where `mask` is True; each bootstraps from position t + 1.
 
@@ -209,6 +242,7 @@ def gae(
     mask: [B, T] bool, the tokens of the chain.
     gamma: discount.
     lam: GAE λ, a scalar or a [B] array.
+    method: 'auto', 'associative' or 'serial' (module docstring).
 
   Returns:
     (advantages, returns): [B, T] float32 each, 0 where mask is False.
@@ -222,7 +256,7 @@ def gae(
   m_next = _shift_left(m)
   delta = jnp.where(m, rewards.astype(_F32) + gamma * _shift_left(v) - v, 0.0)
   gl = gamma * _per_row(lam, m.shape[0])
-  adv = reverse_linear_scan(jnp.where(m & m_next, gl, 0.0), delta)  # one associative scan
+  adv = reverse_linear_scan(jnp.where(m & m_next, gl, 0.0), delta, method=method)
   return adv, jnp.where(m, adv + v, 0.0)
 
 
@@ -283,6 +317,7 @@ def vtrace_targets(
   lam: float | jax.Array = 1.0,
   rho_clip: float = 1.0,
   c_clip: float = 1.0,
+  method: str = "auto",
 ) -> tuple[jax.Array, jax.Array]:
   """V-trace value targets and policy-gradient advantages, over action tokens (skip-observation).
 
@@ -301,6 +336,7 @@ def vtrace_targets(
     lam: trace λ, scalar or [B].
     rho_clip: ρ̄.
     c_clip: c̄.
+    method: 'auto', 'associative' or 'serial' (module docstring).
 
   Returns:
     (vs, pg_advantages): [B, T] float32 each, 0 off the action mask.
@@ -314,7 +350,7 @@ def vtrace_targets(
   rho = jnp.minimum(rho_clip, ratio)
   trace = gamma * _per_row(lam, m.shape[0]) * jnp.minimum(c_clip, ratio)
   delta = jnp.where(c.valid, rho * (r_c + gamma * _shift_left(v_c) - v_c), 0.0)
-  vs_c = reverse_linear_scan(jnp.where(c.valid, trace, 0.0), delta) + v_c  # 0 past the count
+  vs_c = reverse_linear_scan(jnp.where(c.valid, trace, 0.0), delta, method=method) + v_c
   pg_c = rho * (r_c + gamma * _shift_left(vs_c) - v_c)
   return _expand(vs_c, c, m), _expand(pg_c, c, m)
 

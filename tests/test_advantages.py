@@ -12,9 +12,16 @@ import pytest
 from sao_jax import advantages as adv_lib
 
 # Jitted once with traced gamma / lam, so hypothesis examples of one shape share a compile.
-_skip_gae = jax.jit(
-  lambda r, v, m, gamma, lam: adv_lib.skip_observation_gae(r, v, m, gamma=gamma, lam=lam)
-)
+METHODS = ("associative", "serial")
+# One jitted function per method, with traced gamma / lam, so examples of one shape share a compile.
+_SKIP_GAE = {
+  method: jax.jit(
+    lambda r, v, m, gamma, lam, method=method: adv_lib.skip_observation_gae(
+      r, v, m, gamma=gamma, lam=lam, method=method
+    )
+  )
+  for method in METHODS
+}
 
 # -------------------------------------------------------------------------- numpy references
 
@@ -79,17 +86,18 @@ def test_skip_observation_gae_hand_computed():
   m = jnp.array([[0, 1, 1, 0, 0, 1, 0]], bool)
   v = jnp.array([[9.0, 0.5, 0.6, 9.0, 9.0, 0.7, 9.0]])
   r = jnp.array([[0.0, 0, 0, 0, 0, 1.0, 0]])
-  a, ret = _skip_gae(r, v, m, 0.9, 0.8)
   # A5 = 1 - .7 = .3 ; A2 = .9*.7 - .6 + .72*.3 = .246 ; A1 = .9*.6 - .5 + .72*.246 = .21712
-  np.testing.assert_allclose(a[0], [0, 0.21712, 0.246, 0, 0, 0.3, 0], atol=1e-6)
-  np.testing.assert_allclose(ret[0], [0, 0.71712, 0.846, 0, 0, 1.0, 0], atol=1e-6)
+  for method in METHODS:
+    a, ret = _SKIP_GAE[method](r, v, m, 0.9, 0.8)
+    np.testing.assert_allclose(a[0], [0, 0.21712, 0.246, 0, 0, 0.3, 0], atol=1e-6)
+    np.testing.assert_allclose(ret[0], [0, 0.71712, 0.846, 0, 0, 1.0, 0], atol=1e-6)
 
 
-def test_gae_hand_computed():
+@pytest.mark.parametrize("method", METHODS)
+def test_gae_hand_computed(method):
   m = jnp.array([[0, 1, 1, 1, 0]], bool)
-  a, ret = adv_lib.gae(
-    jnp.array([[0.0, 0, 0, 1, 0]]), jnp.array([[9.0, 0.5, 0.6, 0.7, 9.0]]), m, gamma=0.9, lam=0.8
-  )
+  r, v = jnp.array([[0.0, 0, 0, 1, 0]]), jnp.array([[9.0, 0.5, 0.6, 0.7, 9.0]])
+  a, ret = adv_lib.gae(r, v, m, gamma=0.9, lam=0.8, method=method)
   np.testing.assert_allclose(a[0], [0, 0.21712, 0.246, 0.3, 0], atol=1e-6)
   np.testing.assert_allclose(ret[0], [0, 0.71712, 0.846, 1.0, 0], atol=1e-6)
 
@@ -98,8 +106,9 @@ def test_reward_on_observation_moves_to_previous_action():
   m = jnp.array([[0, 1, 1, 0, 0, 1, 0]], bool)
   v = jnp.zeros((1, 7))
   r = jnp.array([[5.0, 0, 0, 0.5, 0.25, 1.0, 2.0]])  # 5.0 on the prompt has no action: ignored
-  a, _ = _skip_gae(r, v, m, 1.0, 1.0)
-  np.testing.assert_allclose(a[0], [0, 3.75, 3.75, 0, 0, 3.0, 0], atol=1e-6)
+  for method in METHODS:
+    a, _ = _SKIP_GAE[method](r, v, m, 1.0, 1.0)
+    np.testing.assert_allclose(a[0], [0, 3.75, 3.75, 0, 0, 3.0, 0], atol=1e-6)
 
 
 @pytest.mark.parametrize("per_row_lam", [False, True])
@@ -111,10 +120,7 @@ def test_skip_observation_gae_matches_numpy_serial(per_row_lam):
   want_a, want_r = _np_skip_gae(r, v, m, 0.99, lam)
   lam_j = jnp.asarray(lam, jnp.float32)
   args = (jnp.asarray(r, jnp.float32), jnp.asarray(v, jnp.float32), jnp.asarray(m))
-  serial = jax.jit(
-    lambda r, v, m: adv_lib.skip_observation_gae_serial(r, v, m, gamma=0.99, lam=lam_j)
-  )
-  for a, ret in (_skip_gae(*args, 0.99, lam_j), serial(*args)):
+  for a, ret in (_SKIP_GAE[method](*args, 0.99, lam_j) for method in METHODS):
     np.testing.assert_allclose(a, want_a, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ret, want_r, rtol=1e-5, atol=1e-5)
 
@@ -126,10 +132,13 @@ def test_no_observations_equals_plain_gae():
     m[i, s:e] = True  # prompt prefix, one contiguous action span, padding
   r, v = rng.normal(size=(6, 64)) * m, rng.normal(size=(6, 64))  # rewards on action tokens
   args = (jnp.asarray(r, jnp.float32), jnp.asarray(v, jnp.float32), jnp.asarray(m))
-  got = _skip_gae(*args, 0.97, 0.9)
-  want = jax.jit(lambda *x: adv_lib.gae(*x, gamma=0.97, lam=0.9))(*args)
-  for x, y in zip(got, want, strict=True):
-    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+  for method in METHODS:
+    got = _SKIP_GAE[method](*args, 0.97, 0.9)
+    want = jax.jit(lambda *x, method=method: adv_lib.gae(*x, gamma=0.97, lam=0.9, method=method))(
+      *args
+    )
+    for x, y in zip(got, want, strict=True):
+      np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
 
 
 @hypothesis.settings(max_examples=25, deadline=None)
@@ -158,10 +167,12 @@ def test_inserting_observations_leaves_action_advantages_unchanged(
   rows += [[]] * 4  # empty rows: the batch shape (6, 64) is shared with other tests' compile
   r, v, m = (np.array([[x[j] for x in row] + [pad] * (t - len(row)) for row in rows])
              for j, pad in ((0, 0.0), (1, 0.0), (2, False)))  # fmt: skip
-  a, ret = _skip_gae(*(jnp.asarray(x, jnp.float32) for x in (r, v)), jnp.asarray(m), gamma, lam)
-  a, ret = np.asarray(a), np.asarray(ret)
-  np.testing.assert_allclose(a[1][m[1]], a[0][m[0]], rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(ret[1][m[1]], ret[0][m[0]], rtol=1e-5, atol=1e-5)
+  for method in METHODS:
+    a, ret = _SKIP_GAE[method](*(jnp.asarray(x, jnp.float32) for x in (r, v)), jnp.asarray(m),
+                               gamma, lam)  # fmt: skip
+    a, ret = np.asarray(a), np.asarray(ret)
+    np.testing.assert_allclose(a[1][m[1]], a[0][m[0]], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ret[1][m[1]], ret[0][m[0]], rtol=1e-5, atol=1e-5)
 
 
 @hypothesis.settings(max_examples=15, deadline=None)
@@ -169,18 +180,20 @@ def test_inserting_observations_leaves_action_advantages_unchanged(
 def test_gamma_lambda_one_returns_final_reward(seed):
   rng = np.random.default_rng(seed)
   r, v, m = _random_trajectories(rng, 6, 64)
-  _, ret = _skip_gae(*(jnp.asarray(x, jnp.float32) for x in (r, v)), jnp.asarray(m), 1.0, 1.0)
   final = r.sum(axis=1, keepdims=True)  # the outcome reward sits on the last action token
-  np.testing.assert_allclose(np.asarray(ret)[m], np.broadcast_to(final, m.shape)[m], atol=1e-5)
-  assert np.all(np.asarray(ret)[~m] == 0)
+  for method in METHODS:
+    _, ret = _SKIP_GAE[method](*(jnp.asarray(x, jnp.float32) for x in (r, v)), jnp.asarray(m),
+                               1.0, 1.0)  # fmt: skip
+    np.testing.assert_allclose(np.asarray(ret)[m], np.broadcast_to(final, m.shape)[m], atol=1e-5)
+    assert np.all(np.asarray(ret)[~m] == 0)
 
 
 def test_associative_scan_long_sequence():
   rng = np.random.default_rng(2)
   r, v, m = _random_trajectories(rng, 2, 2048)
   args = (jnp.asarray(r, jnp.float32), jnp.asarray(v, jnp.float32), jnp.asarray(m))
-  got = jax.jit(lambda *x: adv_lib.skip_observation_gae(*x, gamma=1.0, lam=0.999))(*args)
-  want = jax.jit(lambda *x: adv_lib.skip_observation_gae_serial(*x, gamma=1.0, lam=0.999))(*args)
+  got = _SKIP_GAE["associative"](*args, 1.0, 0.999)
+  want = _SKIP_GAE["serial"](*args, 1.0, 0.999)
   for x, y in zip(got, want, strict=True):
     np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-4)
 
@@ -189,6 +202,14 @@ def test_response_mask():
   m = jnp.array([[0, 1, 0, 0, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0]], bool)
   want = [[0, 1, 1, 1, 1, 1, 0, 0], [0] * 8]
   np.testing.assert_array_equal(adv_lib.response_mask(m), np.array(want, bool))
+
+
+def test_method_auto_and_bad_method():
+  assert adv_lib.resolve_method("auto") == ("serial" if jax.default_backend() == "cpu"
+                                            else "associative")  # fmt: skip
+  with pytest.raises(ValueError, match="method"):
+    adv_lib.gae(jnp.zeros((1, 3)), jnp.zeros((1, 3)), jnp.ones((1, 3), bool), gamma=1.0, lam=1.0,
+                method="blelloch")  # fmt: skip
 
 
 def test_bad_shapes_raise():
@@ -221,22 +242,26 @@ def test_masked_whiten():
 # ----------------------------------------------------------------------------------- V-trace
 
 
-def test_vtrace_on_policy_equals_skip_gae():
+@pytest.mark.parametrize("method", METHODS)
+def test_vtrace_on_policy_equals_skip_gae(method):
   rng = np.random.default_rng(4)
   r, v, m = _random_trajectories(rng, 6, 64)
   args = (jnp.asarray(r, jnp.float32), jnp.asarray(v, jnp.float32))
-  vtrace = jax.jit(lambda *x: adv_lib.vtrace_targets(*x, gamma=0.99, lam=0.9))
+  vtrace = jax.jit(lambda *x: adv_lib.vtrace_targets(*x, gamma=0.99, lam=0.9, method=method))
   vs, _ = vtrace(*args, jnp.zeros((6, 64)), jnp.asarray(m))
-  _, ret = _skip_gae(*args, jnp.asarray(m), 0.99, 0.9)
+  _, ret = _SKIP_GAE["serial"](*args, jnp.asarray(m), 0.99, 0.9)
   np.testing.assert_allclose(vs, ret, rtol=1e-5, atol=1e-5)
 
 
-def test_vtrace_off_policy_matches_numpy():
+@pytest.mark.parametrize("method", METHODS)
+def test_vtrace_off_policy_matches_numpy(method):
   rng = np.random.default_rng(5)
   r, v, m = _random_trajectories(rng, 6, 64)
   log_rho = rng.normal(scale=0.7, size=r.shape)
   vtrace = jax.jit(
-    lambda *x: adv_lib.vtrace_targets(*x, gamma=0.95, lam=0.9, rho_clip=1.2, c_clip=0.8)
+    lambda *x: adv_lib.vtrace_targets(
+      *x, gamma=0.95, lam=0.9, rho_clip=1.2, c_clip=0.8, method=method
+    )
   )
   vs, pg = vtrace(*(jnp.asarray(x, jnp.float32) for x in (r, v, log_rho)), jnp.asarray(m))
   want_vs, want_pg = _np_vtrace(r, v, log_rho, m, 0.95, 0.9, 1.2, 0.8)
