@@ -407,7 +407,18 @@ def _validate_run(c: ConfigDict):
   _check(c.max_nonfinite_steps >= 1, "max_nonfinite_steps", "must be >= 1")
 
 
+# Presets that only make sense with pretrained weights (random init would train noise).
+PRETRAINED_ONLY = ("qwen3_0_6b", "qwen3_8b", "qwen3_30b_a3b", "smollm2_135m")
+
+
 def _validate_model_and_optim(c: ConfigDict):
+  _check(
+    c.model.preset not in PRETRAINED_ONLY or bool(c.model.path),
+    "model.path",
+    f"preset {c.model.preset!r} needs pretrained weights: pass --config.model.path=DIR (a Hugging "
+    "Face checkpoint directory, or a .gguf file), or run the experiment's :cpu variant "
+    "(e.g. make train EXP=swe_bench:cpu)",
+  )
   for f in ("param_dtype", "dtype"):
     _check(
       c.model[f] in ("float32", "bfloat16"),

