@@ -26,8 +26,8 @@ from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from sao_jax import models, sharding, testing, train, train_step  # noqa: E402
 from sao_jax import config as config_lib  # noqa: E402
+from sao_jax import models, sharding, testing, train, train_step  # noqa: E402
 
 config = testing.tiny_config("sao", batch_size=8, **{"mesh.data": -1, "loss.critic_only_steps": 0})
 config_lib.validate(config, num_devices=jax.device_count())
