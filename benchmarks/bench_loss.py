@@ -15,7 +15,8 @@ implementation against the serial `lax.scan` reference.
 
 Usage:
   python benchmarks/bench_loss.py            # full grid (about 15 min on 2 CPU cores)
-  python benchmarks/bench_loss.py --quick    # small grid (about a minute)
+  python benchmarks/bench_loss.py --quick    # small grid (about two minutes)
+  python benchmarks/bench_loss.py --only gae --gae-batch 1 16 64
 """
 
 from __future__ import annotations
@@ -177,15 +178,15 @@ def main():
   parser.add_argument("--max-run-gb", type=float, default=12.0,
                       help="run the naive path only if its temporaries fit in this")  # fmt: skip
   parser.add_argument("--gae-batch", type=int, nargs="+", default=[1, 16])
+  parser.add_argument("--only", choices=("logprobs", "gae"), help="run one part")
   args = parser.parse_args()
   print(f"jax {jax.__version__}, backend {jax.default_backend()}, {os.cpu_count()} CPUs")
-  grid = GRID_QUICK if args.quick else GRID_FULL
-  rows = bench_logprobs(grid, args.max_run_gflop, args.max_run_gb)
-  print_logprob_table(rows)
-  gae_rows = []
-  for b in args.gae_batch:
-    gae_rows += bench_gae(GAE_T_QUICK if args.quick else GAE_T_FULL, b)
-  print_gae_table(gae_rows)
+  if args.only != "gae":
+    grid = GRID_QUICK if args.quick else GRID_FULL
+    print_logprob_table(bench_logprobs(grid, args.max_run_gflop, args.max_run_gb))
+  if args.only != "logprobs":
+    ts = GAE_T_QUICK if args.quick else GAE_T_FULL
+    print_gae_table([row for b in args.gae_batch for row in bench_gae(ts, b)])
 
 
 if __name__ == "__main__":
