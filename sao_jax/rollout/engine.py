@@ -117,9 +117,14 @@ class Engine(GenerateEngine):
     self.prefill_batch = prefill_batch
     self._graphdef, self._state, self._version = graphdef, state, int(version)
     self.seed = int(seed)
-    self._cache = _owned_copy(models.init_cache(self.cfg, num_slots, max_len, cache_dtype))
-    self._decode_fn = jax.jit(self._decode_impl, donate_argnums=1)
-    self._prefill_fn = jax.jit(self._prefill_impl, donate_argnums=1)
+    # The cache and the sampled tokens stay on one fixed placement (replicated over the weights'
+    # mesh, if any), so every step sees the same input shardings and nothing recompiles.
+    place = _placement(state)
+    self._cache = jax.device_put(
+      models.init_cache(self.cfg, num_slots, max_len, cache_dtype), place
+    )
+    self._decode_fn = jax.jit(self._decode_impl, donate_argnums=1, out_shardings=place)
+    self._prefill_fn = jax.jit(self._prefill_impl, donate_argnums=1, out_shardings=place)
     self._compiles = collections.Counter()
     self._cv = threading.Condition()
     self._pending: collections.deque[_Seq] = collections.deque()
@@ -444,6 +449,14 @@ def _owned_copy(tree: Any, like: Any = None) -> Any:
   """
   like = tree if like is None else like
   return jax.tree.map(lambda x, ref: jax.device_put(x, ref.sharding, may_alias=False), tree, like)
+
+
+def _placement(state: Any) -> jax.sharding.Sharding:
+  """Replicated over the mesh of the first weight with a NamedSharding, else its device."""
+  first = jax.tree.leaves(state)[0]
+  if isinstance(first.sharding, jax.sharding.NamedSharding):
+    return jax.sharding.NamedSharding(first.sharding.mesh, jax.sharding.PartitionSpec())
+  return jax.sharding.SingleDeviceSharding(next(iter(first.devices())))
 
 
 _COUNTER = threading.local()
