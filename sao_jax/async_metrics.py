@@ -201,8 +201,9 @@ def _counter_delta(prev: Mapping[Any, Any], cur: Mapping[Any, Any]) -> dict[Any,
 
 def _histogram_window(prev: Mapping[Any, Any], cur: Mapping[Any, Any]) -> dict[str, float]:
   """The share of the window's consumed items at each lag, and their mean lag."""
-  delta = {int(k): n for k, n in _counter_delta(
-    {int(k): v for k, v in prev.items()}, {int(k): v for k, v in cur.items()}).items() if n}  # fmt: skip
+  before = {int(k): int(v) for k, v in prev.items()}
+  delta = {int(k): int(v) - before.get(int(k), 0) for k, v in cur.items()}
+  delta = {k: n for k, n in delta.items() if n}
   total = sum(delta.values())
   if not total:
     return {"async/lag_mean": 0.0}

@@ -249,8 +249,8 @@ class RolloutWorkers:
     try:
       while not self._stop.is_set():
         try:
-          if self._run_stream(w) != "restart":
-            return
+          self._run_stream(w)
+          return  # stopped, or the tasks ran out
         except self.retry_on as e:
           failures_in_row = 1 if c.finished > finished_before else failures_in_row + 1
           finished_before = c.finished
@@ -266,20 +266,18 @@ class RolloutWorkers:
         self._failures.append(RolloutWorkerError(w, e, traceback.format_exc()))
       logging.error("rollout worker %d failed: %s: %s", w, type(e).__name__, e)
 
-  def _run_stream(self, w: int) -> str:
-    """One `agent.stream`; returns 'stopped', 'exhausted' (tasks ran out) or 'restart'."""
+  def _run_stream(self, w: int) -> None:
+    """One `agent.stream`, until stopped or the tasks run out; in-flight losses are counted."""
     c = self._counters[w]
     started0, finished0 = c.started, c.finished
     seed = derive_seed(self.seed, "rollout_worker", w)
     index = self._offsets[w] + started0  # the number of this stream's first episode
     stream = self.agent.stream(self._draw(w), seed=seed, start_index=index)
-    outcome = "exhausted"
     try:
       for traj in stream:
         with self._lock:
           c.finished += 1
         if not self._deliver(w, traj) or self._stop.is_set():
-          outcome = "stopped"
           break
     finally:
       stream.close()  # episodes still in flight end at their next turn, in the background
@@ -287,7 +285,6 @@ class RolloutWorkers:
         lost = (c.started - started0) - (c.finished - finished0)
         if lost:
           c.dropped[LOST_IN_FLIGHT] += lost
-    return outcome
 
   def _draw(self, w: int) -> Iterator[dict[str, Any]]:
     """Tasks for worker w's stream; each one drawn counts as an episode started."""
