@@ -149,6 +149,9 @@ def test_token_in_token_out_bpe(bpe):
   ids = bpe.encode(text)
   assert ids[-1] == bpe.im_end_id and len(ids) < len(text) - 10  # merges were learned
   assert bpe.decode(ids) == text
+  plain = bpe.encode(text, allow_special=False)
+  assert bpe.im_end_id not in plain and bpe.decode(plain) == text
+  assert bpe.encode(text) == ids  # the shared tokenizer is unchanged
   _token_in_token_out(bpe)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -253,6 +254,7 @@ class HFTokenizer(Tokenizer):
     self, tok: Any, *, default_system: str | None = None, chat_template: str | None = None
   ):
     self._tok = tok
+    self._plain_tok, self._lock = None, threading.Lock()
     self.specials = {t.content: i for i, t in tok.get_added_tokens_decoder().items()}
     self.default_system = default_system
     self.chat_template = chat_template
@@ -262,11 +264,17 @@ class HFTokenizer(Tokenizer):
     return self._tok.get_vocab_size(with_added_tokens=True)
 
   def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
-    self._tok.encode_special_tokens = not allow_special
-    try:
-      return list(self._tok.encode(text, add_special_tokens=False).ids)
-    finally:
-      self._tok.encode_special_tokens = False
+    tok = self._tok if allow_special else self._plain()
+    return list(tok.encode(text, add_special_tokens=False).ids)
+
+  def _plain(self):
+    """A copy that encodes special-token strings as text (a copy, not a flag flipped on the shared
+    tokenizer, so that concurrent rollout threads never see each other's mode)."""
+    with self._lock:
+      if self._plain_tok is None:
+        self._plain_tok = type(self._tok).from_str(self._tok.to_str())
+        self._plain_tok.encode_special_tokens = True
+      return self._plain_tok
 
   def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
     return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special)
