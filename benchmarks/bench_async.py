@@ -25,8 +25,9 @@ What is real and what is simulated:
     and the weight publish is a real device copy into the engine.
 
 The ideal bound is min(rollout capacity, learner capacity): the rollout capacity S / mean(d)
-episodes/s, with mean(d) measured over the episodes that actually ran (simulated part) or from a
-calibration run that keeps all S slots busy (real part), and the learner capacity B / L. The
+episodes/s, with mean(d) measured over the episodes that actually ran (simulated part), or the
+completion rate of a calibration stream that keeps all S slots busy (real part), and the learner
+capacity B / L. The
 learner step is sized so that the learner is the faster one by `--learner-headroom`, which makes the
 rollout capacity the bound; on a shared machine the real part's calibration is noisy, so there the
 learner may turn out to be the bound. Reported per row: trajectories/s consumed by the learner,
@@ -222,11 +223,7 @@ def real(args) -> list[dict]:
   inner = Engine(policy, num_slots=args.real_slots, max_len=512, seed=0)
   engine = LognormalBudget(inner, args.real_median_tokens, args.real_sigma, max_tokens=440)
   agent_for(engine, args.real_slots).run([next(tasks()) for _ in range(2)], seed=1)  # compile
-  # Calibration: the capacity with every slot busy (many more episodes than slots).
-  n_cal = 8 * args.real_slots
-  t0 = time.perf_counter()
-  agent_for(engine, args.real_slots).run([next(tasks()) for _ in range(n_cal)], seed=2)
-  capacity = n_cal / (time.perf_counter() - t0)
+  capacity = steady_rate(engine, args.real_slots, 8 * args.real_slots)
   learner_s = args.batch / (capacity * args.learner_headroom)
   print(f"real: capacity {capacity:.1f} episodes/s with {args.real_slots} slots", flush=True)
   rows = []
@@ -241,6 +238,20 @@ def real(args) -> list[dict]:
     rows.append(r)
   engine.close()
   return rows
+
+
+def steady_rate(engine, slots: int, n: int) -> float:
+  """Episodes/s with every slot busy: completions n after the first `slots` (no drain at the end)."""
+  stream = agent_for(engine, slots).stream(tasks(), seed=2)
+  t0 = 0.0
+  for i, _ in enumerate(stream):
+    if i == slots:
+      t0 = time.perf_counter()
+    if i == slots + n:
+      break
+  rate = n / (time.perf_counter() - t0)
+  stream.close()
+  return rate
 
 
 def table(rows: list[dict]) -> str:

@@ -57,12 +57,14 @@ _TOKEN = flags.DEFINE_string(
 _ACTOR_ID = flags.DEFINE_string("actor-id", None, "Name in logs and metadata (default: host-pid).")
 _SEED = flags.DEFINE_integer("seed", None, "Episode seed (default: random per process).")
 _TOKENIZER = flags.DEFINE_string("tokenizer", None, "Tokenizer spec (default: the config's).")
-_MAX_TRAJ = flags.DEFINE_integer("max-trajectories", 0, "Stop after this many accepted (0: never).")
+_MAX_TRAJ = flags.DEFINE_integer(
+  "max-trajectories", 0, "Stop once at least this many were accepted (0: never)."
+)
 _LOG_EVERY = flags.DEFINE_float("log-every", 30.0, "Seconds between progress lines (stderr).")
 _GRACE = flags.DEFINE_float("grace", 10.0, "Seconds to wait for workers at shutdown.")
 
 # gRPC codes after which a push is retried (the learner is down, restarting, or dropped the call).
-_RETRY_CODES = ("UNAVAILABLE", "CANCELLED", "UNKNOWN")
+_RETRY_CODES = ("UNAVAILABLE", "CANCELLED")
 
 
 class ReplayClientQueue:

@@ -37,7 +37,7 @@ import dataclasses
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from absl import logging
@@ -75,8 +75,9 @@ class RolloutWorkers:
 
   Args:
     agent: an AgentLoop (its engine may be shared with other users).
-    tasks: an iterator of task records, shared by the workers; checkpointable when it has
-      `get_state` / `set_state` (grain). If it ends, workers finish once their episodes are done.
+    tasks: task records (an iterator, e.g. `data.make_iterator`, or any iterable), shared by the
+      workers; checkpointable when the iterator has `get_state` / `set_state` (grain). If it
+      ends, the workers finish once their episodes are done.
     queue: where trajectories go: a ReplayQueue, or anything with
       `put(traj, timeout=None, *, cancel=None) -> (accepted, reason)`.
     num_workers: worker threads; each keeps `agent.settings.concurrency` episodes in flight.
@@ -92,7 +93,7 @@ class RolloutWorkers:
   def __init__(
     self,
     agent: AgentLoop,
-    tasks: Iterator[dict[str, Any]],
+    tasks: Iterable[dict[str, Any]],
     queue: Any,
     *,
     num_workers: int = 1,
@@ -109,7 +110,7 @@ class RolloutWorkers:
     self.metadata = dict(metadata or {})
     self.retry_on, self.max_errors = tuple(retry_on), max_errors
     self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
-    self._tasks = tasks
+    self._tasks = iter(tasks)
     self._task_lock = threading.Lock()  # the iterator and every `started` count move together
     self._lock = threading.Lock()  # counters and failures
     self._put_locks = [threading.Lock() for _ in range(num_workers)]
