@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from sao_jax import config as config_lib
 from sao_jax import models
 from sao_jax.rollout import Engine, GenerateRequest, HttpEngine
-from sao_jax.rollout.weights import HttpPublisher, InProcessPublisher
+from sao_jax.rollout.weights import HttpPublisher, InProcessPublisher, make_publisher
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CFG = models.get_preset("tiny")
@@ -89,6 +90,17 @@ def test_an_interrupted_write_leaves_no_version_behind(tmp_path, policies, monke
     HttpPublisher(str(tmp_path), engine).publish(state, 3)
   with pytest.raises(ValueError, match="keep"):
     HttpPublisher(str(tmp_path), engine, keep=0)
+
+
+def test_make_publisher_follows_the_rollout_engine(tmp_path):
+  c = config_lib.base_config()
+  engine = RecordingEngine(str(tmp_path))
+  assert isinstance(make_publisher(c, engine), InProcessPublisher)
+  c.rollout.engine, c.rollout.urls = "http", "http://127.0.0.1:1"
+  with pytest.raises(ValueError, match="directory"):
+    make_publisher(c, engine)
+  pub = make_publisher(c, engine, directory=str(tmp_path / "w"))
+  assert isinstance(pub, HttpPublisher) and (pub.keep, pub.engine_dir) == (2, str(tmp_path / "w"))
 
 
 def test_http_publish_reaches_python_m_serve_and_matches_the_embedded_engine(tmp_path, policies):

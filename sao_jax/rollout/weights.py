@@ -208,3 +208,29 @@ class HttpPublisher(WeightPublisher):
     """Closes the HttpEngine if this publisher made it from URLs."""
     if self._owns_engine:
       self.engine.close()
+
+
+def make_publisher(
+  config: Any, engine: Any, *, graphdef: Any = None, directory: str = ""
+) -> WeightPublisher:
+  """The run's publisher: in-process for the embedded engine, through disk for HTTP engines.
+
+  Args:
+    config: a run config (`rollout.engine`; optional `rollout.weights_keep` (default 2) and
+      `rollout.weights_engine_dir` (default: `directory`) when the config has them).
+    engine: the embedded Engine, or the HttpEngine the rollout workers use.
+    graphdef: the policy's nnx GraphDef (HTTP only).
+    directory: where version directories go (HTTP only), e.g. `<workdir>/weights` on storage the
+      engines can read.
+
+  Returns:
+    An InProcessPublisher or an HttpPublisher.
+  """
+  r = config.rollout
+  if r.engine == "embedded":
+    return InProcessPublisher(engine)
+  if not directory:
+    raise ValueError("make_publisher: HTTP engines need a weights directory")
+  keep = int(r.get("weights_keep", 2))
+  engine_dir = r.get("weights_engine_dir", "") or None
+  return HttpPublisher(directory, engine, graphdef=graphdef, keep=keep, engine_dir=engine_dir)
