@@ -3,6 +3,8 @@
   publisher = InProcessPublisher(engine)                      # the embedded engine: a device copy
   publisher = HttpPublisher("/shared/weights", http_engine,   # SGLang / sao_jax.serve hosts
                             graphdef=learner.policy_def, keep=2)
+  publisher = make_publisher(config, engine, graphdef=learner.policy_def,
+                             directory=os.path.join(workdir, "weights"))   # either, from the config
   seconds = publisher.publish(state.policy, version)
   publisher.stats()   # {"count", "last_s", "mean_s", "max_s", "version", ...}
 
