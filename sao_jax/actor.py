@@ -1,7 +1,7 @@
 """A rollout host: the agent loop against HTTP engines, pushing to the learner's ReplayService.
 
-    python -m sao_jax.actor --replay=HOST:PORT --engine=URL[,URL...] \
-        --config=experiments/X.py[:args] [--auth-token=T] [--actor-id=ID] [--seed=S] \
+    python -m sao_jax.actor --replay=HOST:PORT --engine=URL[,URL...]
+        --config=experiments/X.py[:args] [--auth-token=T] [--actor-id=ID] [--seed=S]
         [--max-trajectories=N] [--config.rollout.concurrency=32 ...]
 
 Runs `rollout.num_workers` RolloutWorkers threads (sao_jax.rollout.workers), each keeping
