@@ -260,8 +260,14 @@ def base_config() -> ConfigDict:
   c.rollout.temperature = 1.0
   c.rollout.top_p = 1.0
   c.rollout.top_k = 0
-  # Rollout worker threads (async mode).
+  # Rollout worker threads in the learner process (async mode; 0 = only remote `sao_jax.actor`s,
+  # which push to the ReplayService at replay.serve_address).
   c.rollout.num_workers = 1
+  # Where HTTP engines' weights are published (default <workdir>/weights; must be readable by
+  # the engines), how many versions to keep, and the same directory as the engines see it.
+  c.rollout.weights_dir = ""
+  c.rollout.weights_keep = 2
+  c.rollout.weights_engine_dir = ""
 
   # ---------------------------------------------------------------- replay queue
   c.replay = ConfigDict()
@@ -275,6 +281,8 @@ def base_config() -> ConfigDict:
   c.replay.auth_token = ""
   # Largest gRPC message in bytes.
   c.replay.max_message_bytes = 64 * 1024 * 1024
+  # Append the uid of every consumed trajectory to <workdir>/consumed.txt (audits, tests).
+  c.replay.log_consumed = False
 
   # ---------------------------------------------------------------- evaluation
   c.eval = ConfigDict()
@@ -291,6 +299,9 @@ def base_config() -> ConfigDict:
   c.sft.batch_size = 16
   # Demonstrations generated for SFT.
   c.sft.num_demos = 2000
+  # Fraction of demonstrations that use the tool; the rest answer directly with the final answer
+  # only (as a weaker teacher would), so RL has a better strategy to discover.
+  c.sft.tool_fraction = 1.0
 
   # ---------------------------------------------------------------- device mesh
   c.mesh = ConfigDict()
@@ -488,7 +499,12 @@ def _validate_rollout(c: ConfigDict):
   )
   _check(0 < r.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
   _check(r.top_k >= 0, "rollout.top_k", "must be >= 0")
-  _check(r.num_workers >= 1, "rollout.num_workers", "must be >= 1")
+  _check(r.num_workers >= 0, "rollout.num_workers", "must be >= 0")
+  _check(
+    r.num_workers >= 1 or (c.mode == "async" and bool(c.replay.serve_address)),
+    "rollout.num_workers",
+    "0 in-process workers needs mode='async' and replay.serve_address for remote actors",
+  )
 
   _check(
     c.replay.capacity >= c.batch_size,
@@ -507,6 +523,7 @@ def _validate_rollout(c: ConfigDict):
   _check(c.eval.num_samples >= 1, "eval.num_samples", "must be >= 1")
   _check(c.eval.temperature >= 0, "eval.temperature", "must be >= 0")
   _check(c.sft.steps >= 0, "sft.steps", "must be >= 0")
+  _check(0 <= c.sft.tool_fraction <= 1, "sft.tool_fraction", "must be in [0, 1]")
 
 
 def mesh_shape(config: ConfigDict, num_devices: int) -> dict[str, int]:

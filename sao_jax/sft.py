@@ -82,6 +82,8 @@ def make_demo_batches(
   if not kept:
     raise ValueError(f"no demonstration fits max_seq_len {seq_len}")
   n = len(kept)
+  # Rows as long as the longest demonstration (rounded up to 32), not max_seq_len: less padding.
+  seq_len = min(seq_len, -(-max(len(t) for t, _ in kept) // 32) * 32)
   tokens = np.full((n, seq_len), tokenizer.pad_id, np.int32)
   mask = np.zeros((n, seq_len), bool)
   seg = np.zeros((n, seq_len), np.int32)

@@ -27,26 +27,26 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from sao_jax import config as config_lib  # noqa: E402
-from sao_jax import models, sharding, testing, train, train_step  # noqa: E402
+from sao_jax import models, sharding, testing, train_lib, train_step  # noqa: E402
 
 config = testing.tiny_config("sao", batch_size=8, **{"mesh.data": -1, "loss.critic_only_steps": 0})
 config_lib.validate(config, num_devices=jax.device_count())
-mesh, rules = train.make_mesh(config), sharding.rules_from(config)
+mesh, rules = train_lib.make_mesh(config), sharding.rules_from(config)
 policy = models.Policy(models.config_from(config.model), rngs=nnx.Rngs(0))
 batch = testing.synthetic_batch(policy, batch_size=8, seq_len=24)  # on this host, unsharded
 with sharding.use_mesh(mesh, rules):
   policy = sharding.shard_model(policy, mesh, rules)
-  critic = train.build_critic(config, policy)
+  critic = train_lib.build_critic(config, policy)
   learner, state = train_step.init_state(config, policy, critic)
-  state = train.place_state(state, mesh)
+  state = train_lib.place_state(state, mesh)
   rows = slice(pid * 8 // n, (pid + 1) * 8 // n)
   batch_sharding = NamedSharding(mesh, P(("data", "fsdp")))
   local = {k: v[rows] for k, v in batch.items()}
-  step = train_step.make_train_step(config, learner, state_sharding=train.tree_shardings(state),
+  step = train_step.make_train_step(config, learner, state_sharding=train_lib.tree_shardings(state),
                                     batch_sharding=batch_sharding)
-  state, metrics = step(state, train.global_batch(local, batch_sharding))
+  state, metrics = step(state, train_lib.global_batch(local, batch_sharding))
   # Gather everything to every host before reading values.
-  gathered = train.host_values(jax.jit(lambda s: s, out_shardings=NamedSharding(mesh, P()))(
+  gathered = train_lib.host_values(jax.jit(lambda s: s, out_shardings=NamedSharding(mesh, P()))(
       {"policy": state.policy, "critic": state.critic, "m": metrics}))
   leaves = jax.tree.leaves(gathered["policy"]) + jax.tree.leaves(gathered["critic"])
   result = {

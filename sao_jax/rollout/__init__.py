@@ -16,6 +16,13 @@ from sao_jax.rollout.engine import Engine, default_buckets
 from sao_jax.rollout.factory import make_agent, make_engine
 from sao_jax.rollout.http_client import HttpEngine, ServerError
 from sao_jax.rollout.protocol import GenerateEngine, GenerateRequest, GenerateResult
+from sao_jax.rollout.weights import (
+  HttpPublisher,
+  InProcessPublisher,
+  WeightPublisher,
+  make_publisher,
+)
+from sao_jax.rollout.workers import RolloutWorkerError, RolloutWorkers, next_batch, publish_weights
 
 __all__ = [
   "AgentLoop",
@@ -25,9 +32,17 @@ __all__ = [
   "GenerateRequest",
   "GenerateResult",
   "HttpEngine",
+  "HttpPublisher",
+  "InProcessPublisher",
+  "RolloutWorkerError",
+  "RolloutWorkers",
   "ServerError",
+  "WeightPublisher",
   "default_buckets",
   "derive_seed",
   "make_agent",
   "make_engine",
+  "make_publisher",
+  "next_batch",
+  "publish_weights",
 ]
