@@ -19,6 +19,7 @@ where it stopped; a failure waits for pending checkpoint writes before it propag
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -73,8 +74,24 @@ def main(argv):
   print(lib.format_summary(summary))
 
 
-def train(config, workdir: str, *, progress: bool | None = None) -> dict[str, Any]:
-  """Runs (or resumes) the experiment `config` in `workdir`; returns the closing summary."""
+def train(
+  config,
+  workdir: str,
+  *,
+  progress: bool | None = None,
+  callback: Callable[[int, dict[str, float]], Any] | None = None,
+) -> dict[str, Any]:
+  """Runs (or resumes) the experiment `config` in `workdir`.
+
+  Args:
+    config: a validated run config.
+    workdir: run directory (created; an existing checkpoint there is resumed).
+    progress: show progress bars (default: when stderr is a terminal).
+    callback: called after every step with (step, metrics), e.g. to plot live in a notebook.
+
+  Returns:
+    The closing summary: steps, policy version, eval pass@1 after SFT and after RL, eval history.
+  """
   # ------------------------------------------------------------------ set up
   os.makedirs(workdir, exist_ok=True)
   if jax.process_index() == 0:
@@ -101,9 +118,10 @@ def train(config, workdir: str, *, progress: bool | None = None) -> dict[str, An
     dict(mesh.shape),
   )
 
+  # ------------------------------------------------------------------ models and engine
+  # Built outside the mesh context: loaders place every tensor on the mesh themselves.
+  policy = lib.build_policy(config, tokenizer, mesh, rules)
   with sharding.use_mesh(mesh, rules):
-    # ---------------------------------------------------------------- models and engine
-    policy = lib.build_policy(config, tokenizer, mesh, rules)
     engine = rollout.make_engine(config, policy)
     publisher = rollout.make_publisher(
       config, engine, graphdef=nnx.graphdef(policy), directory=os.path.join(workdir, "weights")
@@ -212,6 +230,8 @@ def train(config, workdir: str, *, progress: bool | None = None) -> dict[str, An
             config, engine, tokenizer, env_factory, eval_tasks
           )
         lib.report(writer, bar, step, int(state.version), m, config.log_every)
+        if callback is not None:
+          callback(step, m)
         if host["nonfinite"] >= config.max_nonfinite_steps:
           save()
           raise RuntimeError(
