@@ -170,9 +170,7 @@ class Engine(GenerateEngine):
           f"Engine.update_weights: a parameter is {new.dtype}{list(new.shape)}, the engine's "
           f"is {old.dtype}{list(old.shape)}"
         )
-    copy = jax.tree.map(
-      lambda n, o: jax.device_put(n, o.sharding, may_alias=False), state, self._state
-    )
+    copy = _owned_copy(state, like=self._state)
     with self._cv:
       self._new_weights = (copy, int(version))
       self._cv.notify_all()
@@ -234,7 +232,11 @@ class Engine(GenerateEngine):
 
   @property
   def num_compilations(self) -> int:
-    """XLA compilations of the step functions so far (one per prefill bucket, one for decode)."""
+    """XLA compilations of the step functions so far (one per prefill bucket, one for decode).
+
+    Counted from jax.monitoring's backend-compile events in the engine's own calls, so a load from
+    the persistent compilation cache counts too: this is the number of in-memory cache misses.
+    """
     return sum(self._compiles.values())
 
   def stats(self) -> dict[str, float]:

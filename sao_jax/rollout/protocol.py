@@ -72,10 +72,10 @@ class GenerateRequest:
     _require(0 <= self.seed < 2**63, "seed", f"must be in [0, 2**63), got {self.seed}")
     if max_len is not None:
       _require(n < max_len, "input_ids", f"{n} tokens leave no room below max_len {max_len}")
-    bad = [t for t in (*self.input_ids, *self.stop_token_ids) if t < 0]
-    if vocab_size is not None:
-      bad += [t for t in (*self.input_ids, *self.stop_token_ids) if t >= vocab_size]
-    _require(not bad, "input_ids", f"token ids {bad[:5]} outside [0, {vocab_size})")
+    limit = vocab_size if vocab_size is not None else float("inf")
+    for field in ("input_ids", "stop_token_ids"):
+      bad = [t for t in getattr(self, field) if not 0 <= t < limit]
+      _require(not bad, field, f"token ids {bad[:5]} outside [0, {vocab_size or 'inf'})")
 
 
 def _require(ok: bool, field: str, why: str):
