@@ -257,13 +257,21 @@ def export_sft(policy, path: str, score: float):
 
 def make_demos(config) -> list[list[dict]]:
   """`sft.num_demos` demonstrations of random training tasks; a `1 - sft.tool_fraction` share of
-  them skip the tool and state the final answer directly."""
+  them skip the tool and state the final answer directly.
+
+  With fewer training tasks than demonstrations (e.g. the style simulation's prompts), tasks repeat
+  under distinct ids, which vary the demonstrations that depend on the id (the style, the wording).
+  """
   source = data.make_source(config.data, "train", seed=config.seed)
   rng = np.random.default_rng(config.seed + 7919)
-  picks = rng.choice(len(source), min(config.sft.num_demos, len(source)), replace=False)
+  n = config.sft.num_demos
+  picks = rng.choice(len(source), n, replace=n > len(source))
   demos = []
-  for i in picks:
-    demo = envs.demonstration(source[int(i)], config.env.tool_format)
+  for j, i in enumerate(picks):
+    task = source[int(i)]
+    if n > len(source):
+      task = dict(task, id=f"{task['id']}#demo{j}")
+    demo = envs.demonstration(task, config.env.tool_format)
     if rng.random() >= config.sft.tool_fraction:
       prompt = [m for m in demo if m["role"] in ("system", "user")][:2]
       demo = [*prompt, {"role": "assistant", "content": demo[-1]["content"]}]
