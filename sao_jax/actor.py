@@ -44,25 +44,6 @@ from sao_jax import config as config_lib
 from sao_jax.replay import CANCELLED, QUEUE_FULL, ReplayClient, ReplayUnavailable
 from sao_jax.types import Trajectory
 
-_CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "Experiment file and args, e.g. experiments/quickstart.py", lock_config=True
-)
-_REPLAY = flags.DEFINE_string("replay", None, "host:port of the learner's ReplayService.")
-_ENGINE = flags.DEFINE_string(
-  "engine", None, "Engine base URLs, comma-separated (default: config.rollout.urls)."
-)
-_TOKEN = flags.DEFINE_string(
-  "auth-token", None, "Replay token (default: config / $SAO_REPLAY_TOKEN)."
-)
-_ACTOR_ID = flags.DEFINE_string("actor-id", None, "Name in logs and metadata (default: host-pid).")
-_SEED = flags.DEFINE_integer("seed", None, "Episode seed (default: random per process).")
-_TOKENIZER = flags.DEFINE_string("tokenizer", None, "Tokenizer spec (default: the config's).")
-_MAX_TRAJ = flags.DEFINE_integer(
-  "max-trajectories", 0, "Stop once at least this many were accepted (0: never)."
-)
-_LOG_EVERY = flags.DEFINE_float("log-every", 30.0, "Seconds between progress lines (stderr).")
-_GRACE = flags.DEFINE_float("grace", 10.0, "Seconds to wait for workers at shutdown.")
-
 # gRPC codes after which a push is retried (the learner is down, restarting, or dropped the call).
 _RETRY_CODES = ("UNAVAILABLE", "CANCELLED")
 
@@ -246,4 +227,26 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # Flags exist only when this runs as a program: importing sao_jax.actor next to sao_jax.train
+  # (which defines --config as well) must not raise DuplicateFlagError.
+  _CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment file and args, e.g. experiments/quickstart.py", lock_config=True
+  )
+  _REPLAY = flags.DEFINE_string("replay", None, "host:port of the learner's ReplayService.")
+  _ENGINE = flags.DEFINE_string(
+    "engine", None, "Engine base URLs, comma-separated (default: config.rollout.urls)."
+  )
+  _TOKEN = flags.DEFINE_string(
+    "auth-token", None, "Replay token (default: config / $SAO_REPLAY_TOKEN)."
+  )
+  _ACTOR_ID = flags.DEFINE_string(
+    "actor-id", None, "Name in logs and metadata (default: host-pid)."
+  )
+  _SEED = flags.DEFINE_integer("seed", None, "Episode seed (default: random per process).")
+  _TOKENIZER = flags.DEFINE_string("tokenizer", None, "Tokenizer spec (default: the config's).")
+  _MAX_TRAJ = flags.DEFINE_integer(
+    "max-trajectories", 0, "Stop once at least this many were accepted (0: never)."
+  )
+  _LOG_EVERY = flags.DEFINE_float("log-every", 30.0, "Seconds between progress lines (stderr).")
+  _GRACE = flags.DEFINE_float("grace", 10.0, "Seconds to wait for workers at shutdown.")
   cli.run(main)

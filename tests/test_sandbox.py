@@ -13,6 +13,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 
 import pytest
 
@@ -71,33 +72,49 @@ def test_infinite_loop_times_out(level):
   assert r.wall_s < 3.0
 
 
-def _process_count() -> int:
-  return sum(p.isdigit() for p in os.listdir("/proc"))
+def _live_with(marker: str) -> int:
+  """Processes (not zombies: their cmdline is empty) whose command line contains `marker`."""
+  n = 0
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        n += marker.encode() in f.read()
+    except OSError:
+      pass
+  return n
+
+
+def _none_left(marker: str, within_s: float = 3.0) -> bool:
+  # Counting only marked processes keeps the test exact while other work runs on the machine.
+  deadline = time.monotonic() + within_s
+  while _live_with(marker) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  return _live_with(marker) == 0
 
 
 def test_fork_bomb_is_contained(level):
-  before = _process_count()
-  code = "import os\nwhile True:\n  try:\n    os.fork()\n  except OSError:\n    pass\n"
+  marker = f"sao-bomb-{uuid.uuid4().hex}"
+  bomb = "import os\nwhile True:\n  try:\n    os.fork()\n  except OSError:\n    pass\n"
+  # Re-exec with the marker on the command line; forked children inherit it.
+  code = f"import os, sys\nos.execv(sys.executable, [sys.executable, '-c', {bomb!r}, {marker!r}])\n"
   r = sandbox.run_python(code, timeout_s=1.5, max_processes=16, isolation_level=level)
   assert r.timed_out and r.wall_s < 5.0
-  time.sleep(0.3)
-  assert _process_count() <= before + 5  # every forked process died with the run
+  assert _none_left(marker)  # every forked process died with the run
 
 
 def test_shell_fork_bomb_is_contained(level, tmp_path):
   if level == "rlimit" and os.geteuid() == 0 and not sandbox.fallback_can_limit_processes():
     pytest.skip("rlimit fallback as root with an interpreter only root can reach: no uid to limit")
-  before = _process_count()
+  marker = f"sao-bomb-{uuid.uuid4().hex}"
   r = sandbox.run_command(
-    ["bash", "-c", "f() { f | f & }; f; sleep 5"],
+    ["bash", "-c", "f() { f | f & }; f; sleep 5", marker],  # $0 = marker, inherited by subshells
     cwd=str(tmp_path),
     timeout_s=2.0,
     max_processes=32,
     isolation_level=level,
   )
   assert r.wall_s < 6.0
-  time.sleep(0.3)
-  assert _process_count() <= before + 5
+  assert _none_left(marker)
 
 
 def test_memory_bomb_is_contained(level):
