@@ -22,7 +22,8 @@ def get_config(arg=None):
   c = config_lib.base_config()
   config_lib.apply_algo(c, arg.algo)
   c.seed = arg.seed
-  c.mode = "async"
+  # Async workers deliver single trajectories; group algorithms (GRPO, RLOO) run synchronously.
+  c.mode = "async" if c.group_size == 1 else "sync"
   c.total_steps = 450
   c.batch_size = 128
   if c.group_size > 1:

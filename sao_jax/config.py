@@ -405,6 +405,12 @@ def _validate_run(c: ConfigDict):
       f"{c.algo} needs group_size >= 2 (its advantage is undefined or zero for a group of 1; "
       "use algo=sao or running_mean for single rollouts)",
     )
+    _check(
+      c.mode != "async",
+      "mode",
+      f"{c.algo} needs whole groups of group_size rollouts, but async rollout workers and the "
+      "replay queue deliver single trajectories; use mode='sync' or 'lag'",
+    )
   mb = c.micro_batch_size
   _check(mb >= 0, "micro_batch_size", f"must be >= 0, got {mb}")
   _check(

@@ -59,6 +59,17 @@ def test_grpo_with_group_of_one_is_an_error():
     config_lib.validate(c, num_devices=1)
 
 
+@pytest.mark.parametrize("algo", ["grpo", "grpo_dis", "rloo"])
+def test_group_algorithms_are_refused_in_async_mode(algo):
+  # Async workers push single trajectories (each its own group): GRPO would train on zeros.
+  c = config_lib.apply_algo(config_lib.base_config(), algo)
+  c.mode = "async"
+  with pytest.raises(config_lib.ConfigError, match=f"config.mode: {algo} needs whole groups"):
+    config_lib.validate(c, num_devices=1)
+  c.mode = "sync"
+  config_lib.validate(c, num_devices=1)
+
+
 def test_mesh_shape_resolves_free_axis():
   c = config_lib.base_config()
   c.mesh.fsdp = 2
@@ -108,8 +119,17 @@ def test_cli_rejects_invalid_value_in_one_line(tmp_path):
 
 def test_config_json_is_written_before_training(tmp_path):
   proc = subprocess.Popen(
-      [sys.executable, "-m", "sao_jax.train", "--config=experiments/quickstart.py:steps=0",
-       f"--workdir={tmp_path}"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    [
+      sys.executable,
+      "-m",
+      "sao_jax.train",
+      "--config=experiments/quickstart.py:steps=0",
+      f"--workdir={tmp_path}",
+    ],
+    cwd=REPO,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
   try:
     deadline = time.time() + 120
     while not (tmp_path / "config.json").exists() and time.time() < deadline:
@@ -120,4 +140,7 @@ def test_config_json_is_written_before_training(tmp_path):
     proc.kill()
     proc.wait()
   assert saved["algo"] == "sao" and saved["total_steps"] == 0
-  assert saved["loss"]["eps_low"] == 0.3 and saved["mesh"]["rules"][0] == ["batch", ["data", "fsdp"]]
+  assert saved["loss"]["eps_low"] == 0.3 and saved["mesh"]["rules"][0] == [
+    "batch",
+    ["data", "fsdp"],
+  ]
