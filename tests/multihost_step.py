@@ -42,19 +42,23 @@ with sharding.use_mesh(mesh, rules):
   rows = slice(pid * 8 // n, (pid + 1) * 8 // n)
   batch_sharding = NamedSharding(mesh, P(("data", "fsdp")))
   local = {k: v[rows] for k, v in batch.items()}
-  step = train_step.make_train_step(config, learner, state_sharding=train_lib.tree_shardings(state),
-                                    batch_sharding=batch_sharding)
+  step = train_step.make_train_step(
+    config, learner, state_sharding=train_lib.tree_shardings(state), batch_sharding=batch_sharding
+  )
   state, metrics = step(state, train_lib.global_batch(local, batch_sharding))
   # Gather everything to every host before reading values.
-  gathered = train_lib.host_values(jax.jit(lambda s: s, out_shardings=NamedSharding(mesh, P()))(
-      {"policy": state.policy, "critic": state.critic, "m": metrics}))
+  gathered = train_lib.host_values(
+    jax.jit(lambda s: s, out_shardings=NamedSharding(mesh, P()))(
+      {"policy": state.policy, "critic": state.critic, "m": metrics}
+    )
+  )
   leaves = jax.tree.leaves(gathered["policy"]) + jax.tree.leaves(gathered["critic"])
   result = {
-      "policy_loss": float(gathered["m"]["policy/loss"]),
-      "value_loss": float(gathered["m"]["critic/value_loss"]),
-      "param_abs_sum": float(sum(np.abs(np.asarray(x)).sum() for x in leaves)),
-      "num_devices": jax.device_count(),
-      "num_processes": jax.process_count(),
+    "policy_loss": float(gathered["m"]["policy/loss"]),
+    "value_loss": float(gathered["m"]["critic/value_loss"]),
+    "param_abs_sum": float(sum(np.abs(np.asarray(x)).sum() for x in leaves)),
+    "num_devices": jax.device_count(),
+    "num_processes": jax.process_count(),
   }
 with open(out, "w") as f:
   json.dump(result, f)

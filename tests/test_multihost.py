@@ -22,9 +22,23 @@ def _run(n: int, tmp_path) -> list[dict]:
   port = _free_port()
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   outs = [tmp_path / f"n{n}_p{i}.json" for i in range(n)]
-  procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "multihost_step.py"), str(i),
-                             str(n), str(port), str(outs[i])], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True) for i in range(n)]
+  procs = [
+    subprocess.Popen(
+      [
+        sys.executable,
+        os.path.join(HERE, "multihost_step.py"),
+        str(i),
+        str(n),
+        str(port),
+        str(outs[i]),
+      ],
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(n)
+  ]
   logs = [p.communicate(timeout=600)[0] for p in procs]
   for p, log in zip(procs, logs, strict=True):
     assert p.returncode == 0, log[-3000:]

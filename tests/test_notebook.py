@@ -16,7 +16,8 @@ def test_quickstart_notebook_executes(monkeypatch):
   monkeypatch.delenv("XLA_FLAGS", raising=False)  # the kernel uses one CPU device
   nb = nbformat.read(NOTEBOOK, as_version=4)
   nbclient.NotebookClient(nb, timeout=900, kernel_name="python3").execute(
-      cwd=os.path.dirname(NOTEBOOK))
+    cwd=os.path.dirname(NOTEBOOK)
+  )
   out = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
   assert "backend: cpu" in out
   assert "eval pass@1 after RL" in out
