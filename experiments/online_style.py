@@ -61,6 +61,8 @@ def _cpu(c):
   c.rollout.engine, c.rollout.max_new_tokens = "embedded", 160
   c.loss.critic_only_steps = 5
   c.optim.policy.lr, c.optim.critic.lr = 1e-4, 5e-4
-  c.sft.steps = 300
+  # At 300 steps, lr 1e-3 every RL rollout scored 0; at 800 steps, lr 3e-3 the SFT NLL reaches
+  # ~0.07 nats/byte.
+  c.sft.steps, c.sft.lr = 800, 3e-3
   c.eval_every = 0
   c.mesh.data, c.mesh.fsdp = 1, 1

@@ -47,6 +47,9 @@ _ALGOS = flags.DEFINE_list("algos", list(CLAIM_ALGOS), "Algorithms of the claims
 _STEPS = flags.DEFINE_integer("steps", 40, "RL steps per claims run.")
 _STYLE_STEPS = flags.DEFINE_integer("style_steps", 90, "RL steps per online-style run.")
 _SKIP_STYLE = flags.DEFINE_bool("skip_style", False, "Skip the online-style study.")
+_SKIP_CLAIMS = flags.DEFINE_bool(
+  "skip_claims", False, "Skip the claims study (e.g. to run the two studies in two processes)."
+)
 _SFT_STEPS = flags.DEFINE_integer(
   "sft_steps", None, "Override the experiments' SFT steps (smoke tests)."
 )
@@ -127,7 +130,8 @@ def main(argv):
   seeds, lags = [int(s) for s in _SEEDS.value], [int(k) for k in _LAGS.value]
   t0 = time.time()
   if not _REPORT_ONLY.value:
-    claims_study(out, seeds, lags, _ALGOS.value, _STEPS.value)
+    if not _SKIP_CLAIMS.value:
+      claims_study(out, seeds, lags, _ALGOS.value, _STEPS.value)
     if not _SKIP_STYLE.value:
       style_study(out, seeds, _STYLE_STEPS.value)
   path = report.write_report(
