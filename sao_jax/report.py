@@ -177,7 +177,11 @@ def write_report(
   sft = [load_run(out, f"sft_quickstart_s{seed}") for seed in seeds]
   sft_scores = [s["eval_final"] for r in sft if r is not None for s in [r[1]]]
   lines = ["# Reproducing SAO's claims at CPU scale", ""]
-  lines += _header(out, seeds, lags, wall_s)
+  names = [f"{p}_s{seed}" for seed in seeds for p in ("sft_quickstart", "sft_online_style")]
+  names += [f"claims_{a}_k{k}_s{s}" for a in algos for k in lags for s in seeds]
+  names += [f"style_{a}_s{s}" for a in style_algos for s in seeds]
+  done = [got[1] for got in (load_run(out, n) for n in names) if got is not None]
+  lines += _header(seeds, lags, wall_s, len(done), sum(s.get("wall_s", 0.0) for s in done))
   lines += ["## Table 1/3 form: final eval pass@1 (mean ± std over seeds) and collapse step", ""]
   head = "| algorithm | " + " | ".join(f"lag k={k}" for k in lags) + " | collapse (step, seed) |"
   lines += [head, "|" + "---|" * (len(lags) + 2)]
@@ -215,12 +219,12 @@ def write_report(
   return path
 
 
-def _header(out, seeds, lags, wall_s) -> list[str]:
+def _header(seeds, lags, wall_s, num_runs, runs_s) -> list[str]:
   return [
     "Command: `make reproduce` (= `python -m sao_jax.reproduce --out=results`); "
-    f"seeds {list(seeds)}, policy lags {list(lags)}; wall time of this invocation "
-    f"{wall_s / 60:.0f} min on this machine (runs already finished are reused, see "
-    "`results/runs/*/summary.json` for each run's own `wall_s`).",
+    f"seeds {list(seeds)}, policy lags {list(lags)}. The {num_runs} runs took {runs_s / 60:.0f} "
+    f"min in total on this machine (2 CPU cores; the sum of each run's wall time); this "
+    f"invocation took {wall_s / 60:.0f} min (finished runs are reused).",
     "",
     "Setting: the quickstart task (math with a Python tool, a ~90k-parameter byte-level model, "
     "SFT on half-tool demonstrations, then RL), in lag mode: rollouts for policy version v are "

@@ -1,6 +1,7 @@
 """`make reproduce`: the paper's claims at CPU scale, written up in `results/REPORT.md`.
 
   python -m sao_jax.reproduce --out=results [--seeds=0,1,2] [--lags=0,4] [--steps=40]
+      [--skip_claims | --skip_style]  # the studies are independent: run them as two processes
 
 Two studies, each run in lag mode (deterministic: a rerun gives the same numbers on this machine):
 
