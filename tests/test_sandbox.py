@@ -236,3 +236,18 @@ def test_sixteen_concurrent_runs(level):
     results = list(pool.map(job, range(16)))
   assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(16)]
   assert time.monotonic() - start < 10.0
+
+
+def test_paths_under_private_mounts_are_bound_back():
+  # A clone in /tmp/x with its .venv: the private /tmp tmpfs would hide the interpreter.
+  base = pathlib.Path(tempfile.mkdtemp(dir="/tmp"))
+  try:
+    (base / "repo" / ".venv" / "lib").mkdir(parents=True)
+    repo, venv = str(base / "repo"), str(base / "repo" / ".venv")
+    args = sandbox._rebind_hidden([venv, repo, "/usr", str(base / "missing")])
+    pairs = [tuple(args[i : i + 3]) for i in range(len(args) - 2)]
+    assert ("--ro-bind", repo, repo) in pairs
+    assert args.count("--ro-bind") == 1 and "/usr" not in args  # .venv: inside repo, bound once
+    assert args[: args.index("--ro-bind")] == ["--perms", "0755", "--dir", str(base)]
+  finally:
+    subprocess.run(["rm", "-rf", str(base)], check=True)

@@ -147,6 +147,36 @@ def _python_paths() -> list[str]:
   ]
 
 
+# Mounts replaced by a private tmpfs of this many MiB inside the sandbox.
+_PRIVATE_MOUNTS = (("/tmp", 64), ("/var/tmp", 16), ("/run", 16), ("/dev/shm", 16))
+
+
+def _rebind_hidden(paths: list[str]) -> list[str]:
+  """bwrap args that bind back, read-only, those of `paths` the private tmpfs mounts would hide.
+
+  An interpreter in a virtualenv under /tmp (a clone in /tmp/x with its .venv) must stay reachable.
+  """
+  hidden = sorted(
+    {
+      os.path.realpath(p)
+      for p in paths
+      if os.path.exists(p)
+      and any(os.path.realpath(p).startswith(m + "/") for m, _ in _PRIVATE_MOUNTS)
+    }
+  )
+  args, made, bound = [], set(), []
+  for path in hidden:
+    if any(path.startswith(b + "/") for b in bound):
+      continue
+    for d in reversed(pathlib.Path(path).parents[:-2]):  # below the mount point, above `path`
+      if str(d) not in made and not any(str(d) == m for m, _ in _PRIVATE_MOUNTS):
+        args += ["--perms", "0755", "--dir", str(d)]
+        made.add(str(d))
+    args += ["--ro-bind", path, path]
+    bound.append(path)
+  return args
+
+
 def _bwrap_argv(workdir: str, scratch: list[tuple[int, str]] | None, scratch_mb: int) -> list[str]:
   """The bubblewrap command line: read-only root, private /tmp, writable `workdir`, namespaces.
 
@@ -159,15 +189,16 @@ def _bwrap_argv(workdir: str, scratch: list[tuple[int, str]] | None, scratch_mb:
   """
   root = os.geteuid() == 0
   argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-  for mount, mb in (("/tmp", 64), ("/var/tmp", 16), ("/run", 16), ("/dev/shm", 16)):
+  for mount, mb in _PRIVATE_MOUNTS:
     if os.path.isdir(mount):
       argv += ["--size", str(mb << 20), "--tmpfs", mount]
+  argv += _rebind_hidden(_python_paths())
   if root:  # the random uid must reach the interpreter even if it lives under /root
     argv += _reveal_args(_python_paths())
     argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
   else:
     argv += ["--unshare-user"]
-  for mount in ("/tmp", "/var/tmp", "/run", "/dev/shm"):  # bwrap would create parents as 0700
+  for mount, _ in _PRIVATE_MOUNTS:  # bwrap would create parents as 0700
     if workdir.startswith(mount + "/"):
       parents = pathlib.Path(workdir).relative_to(mount).parents
       for d in reversed([pathlib.Path(mount) / q for q in parents if str(q) != "."]):
