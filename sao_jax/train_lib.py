@@ -205,7 +205,15 @@ def append_lines(path: str, lines: list[str]):
 
 
 def rollout_metrics(trajs, batch, version: int) -> dict[str, float]:
-  """Host-side metrics of a batch of trajectories (rewards, lengths, turns, lag, padding)."""
+  """Host-side metrics of a batch of trajectories (rewards, lengths, turns, lag, padding, env).
+
+  Args:
+    trajs: the batch's B trajectories.
+    batch: the TrainBatch built from them ([B, L] arrays).
+    version: the policy version being trained (for the lag of each action token).
+  Returns:
+    scalar name -> value, including `env/<key>` means of numeric trajectory metadata.
+  """
   rewards = np.array([t.reward for t in trajs])
   actions = np.array([t.num_action_tokens for t in trajs])
   lags = np.concatenate([version - t.policy_versions[t.action_mask] for t in trajs] or [[0]])
@@ -221,7 +229,20 @@ def rollout_metrics(trajs, batch, version: int) -> dict[str, float]:
     "batch/padding_fraction": batch.padding_fraction(),
   }
   out.update({f"finish/{k}": v / len(trajs) for k, v in reasons.items() if k})
+  # The environments' own numbers (r_quality, r_style, tool_errors, env_s, ...): batch means, a
+  # trajectory without the key counting as 0.
+  keys = {k for t in trajs for k, v in t.metadata.items() if _is_number(v)} - {"turns"}
+  for k in sorted(keys):
+    out[f"env/{k}"] = float(np.mean([_number(t.metadata.get(k, 0.0)) for t in trajs]))
   return out
+
+
+def _is_number(v) -> bool:
+  return isinstance(v, int | float | np.number) and not isinstance(v, bool)
+
+
+def _number(v) -> float:
+  return float(v) if _is_number(v) else 0.0
 
 
 def evaluate(config, engine, tokenizer, env_factory, tasks) -> float:
