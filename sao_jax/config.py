@@ -229,6 +229,8 @@ def base_config() -> ConfigDict:
   # ('local' = deterministic feature judge; 'llm' = an OpenAI-compatible endpoint at judge_url).
   c.env.style_switch_steps = (150, 300)
   c.env.style_judge = "local"
+  # Sentences per paragraph in the style simulation's SFT demonstrations (1-4).
+  c.env.style_sentences = 3
   c.env.judge_url = ""
   c.env.judge_model = "default"
 
@@ -491,6 +493,7 @@ def _validate_rollout(c: ConfigDict):
     c.env.tool_format in ("qwen3", "compact"), "env.tool_format", "must be 'qwen3' or 'compact'"
   )
   _check(c.env.timeout_s > 0, "env.timeout_s", "must be > 0")
+  _check(1 <= c.env.style_sentences <= 4, "env.style_sentences", "must be in [1, 4]")
 
   r = c.rollout
   _check(r.engine in ("embedded", "http"), "rollout.engine", "must be 'embedded' or 'http'")

@@ -292,7 +292,9 @@ def make_demos(config) -> list[list[dict]]:
     task = source[int(i)]
     if n > len(source):
       task = dict(task, id=f"{task['id']}#demo{j}")
-    demo = envs.demonstration(task, config.env.tool_format)
+    demo = envs.demonstration(
+      task, config.env.tool_format, style_sentences=config.env.style_sentences
+    )
     if rng.random() >= config.sft.tool_fraction:
       prompt = [m for m in demo if m["role"] in ("system", "user")][:2]
       demo = [*prompt, {"role": "assistant", "content": demo[-1]["content"]}]

@@ -42,6 +42,7 @@ def test_every_algo_validates_with_its_defaults(name):
     ("batch_size", 12, "config.batch_size: 12 is not divisible by the mesh"),
     ("rollout.temperature", 0.0, "rollout.temperature"),
     ("model.dtype", "float16", "model.dtype"),
+    ("env.style_sentences", 5, "env.style_sentences"),
   ],
 )
 def test_validate_names_the_bad_field(field, value, match):

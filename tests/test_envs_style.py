@@ -80,9 +80,10 @@ def test_env_rewards_follow_the_preference():
   assert env.step(texts["classical"]).reward == 1.0
 
 
-def test_demonstrations_cover_all_styles_and_are_judged_right():
+@pytest.mark.parametrize("sentences", [1, 3])
+def test_demonstrations_cover_all_styles_and_are_judged_right(sentences):
   tasks = data.style_prompts()
-  demos = [style.demonstration(t) for t in tasks]
+  demos = [style.demonstration(t, sentences=sentences) for t in tasks]
   assert [m["role"] for m in demos[0]] == ["system", "user", "assistant"]
   seen = set()
   for task, demo in zip(tasks, demos, strict=True):
@@ -91,6 +92,16 @@ def test_demonstrations_cover_all_styles_and_are_judged_right():
     seen.add(s)
     assert judges.quality(text, task["topic"]), text
   assert seen == set(judges.STYLES)
+
+
+def test_write_in_style_sentence_count():
+  rng = __import__("random").Random(0)
+  one = style.write_in_style("the moon", "classical", rng, sentences=1)
+  assert one in [t.format(t="the moon", T="The moon") for t in style._TEMPLATES["classical"]]
+  four = style.write_in_style("the moon", "classical", rng, sentences=4)
+  assert all(t.format(t="the moon", T="The moon") in four for t in style._TEMPLATES["classical"])
+  with pytest.raises(ValueError, match="sentences"):
+    style.write_in_style("the moon", "cute", rng, sentences=5)
 
 
 class _FakeLLM(http.server.BaseHTTPRequestHandler):

@@ -92,12 +92,15 @@ def make(env_config) -> EnvFactory:
   return EnvFactory(name, {**_DEFAULTS, **fields})
 
 
-def demonstration(task: dict[str, Any], tool_format: str = "compact") -> list[dict[str, str]]:
+def demonstration(
+  task: dict[str, Any], tool_format: str = "compact", *, style_sentences: int = 3
+) -> list[dict[str, str]]:
   """A correct trace of `task` as chat messages (for SFT), whatever its family.
 
   Args:
     task: a record from sao_jax.data (math, HumanEval, SWE or style).
     tool_format: 'qwen3' or 'compact'.
+    style_sentences: sentences per paragraph of a style demonstration (1-4).
 
   Returns:
     Chat messages (system, user, assistant/tool turns, final assistant turn); every tool
@@ -108,7 +111,7 @@ def demonstration(task: dict[str, Any], tool_format: str = "compact") -> list[di
   if "entry_point" in task:
     return humaneval.demonstration(task, tool_format)
   if "topic" in task:
-    return style.demonstration(task, tool_format)
+    return style.demonstration(task, tool_format, sentences=style_sentences)
   return math_tool.demonstration(task, tool_format)
 
 

@@ -140,23 +140,26 @@ _TEMPLATES = {
 }
 
 
-def write_in_style(topic: str, style: str, rng: random.Random) -> str:
-  """A short templated paragraph about `topic` in `style` (3 of the style's 4 sentences)."""
-  sentences = rng.sample(_TEMPLATES[style], 3)
-  return " ".join(s.format(t=topic, T=topic[:1].upper() + topic[1:]) for s in sentences)
+def write_in_style(topic: str, style: str, rng: random.Random, sentences: int = 3) -> str:
+  """A short templated paragraph about `topic` in `style` (`sentences` of the style's 4)."""
+  if not 1 <= sentences <= len(_TEMPLATES[style]):
+    raise ValueError(f"sentences: must be in [1, {len(_TEMPLATES[style])}], got {sentences}")
+  chosen = rng.sample(_TEMPLATES[style], sentences)
+  return " ".join(s.format(t=topic, T=topic[:1].upper() + topic[1:]) for s in chosen)
 
 
 def demonstration(
-  task: dict[str, Any], tool_format: str = "qwen3", style: str | None = None
+  task: dict[str, Any], tool_format: str = "qwen3", style: str | None = None, sentences: int = 3
 ) -> list[base.Message]:
-  """A paragraph in `style` (default: one of the four, chosen by the task id) for SFT.
+  """A paragraph of `sentences` sentences in `style` (default: one of the four, chosen by the task
+  id) for SFT.
 
   Demonstrations cover every style, so the warm-started policy can write any of them and RL has to
   discover which one is preferred.
   """
   rng = random.Random(f"style-demo/{task['id']}")
   style = style or rng.choice(sorted(_TEMPLATES))
-  text = write_in_style(task.get("topic", "this"), style, rng)
+  text = write_in_style(task.get("topic", "this"), style, rng, sentences)
   return [*StyleEnv(judge=_NO_JUDGE).reset(task), dict(role="assistant", content=text)]
 
 
