@@ -229,6 +229,8 @@ def base_config() -> ConfigDict:
   # ('local' = deterministic feature judge; 'llm' = an OpenAI-compatible endpoint at judge_url).
   c.env.style_switch_steps = (150, 300)
   c.env.style_judge = "local"
+  # The style judge's quality check requires the prompt's topic (off: any fluent paragraph).
+  c.env.style_topic_check = True
   # Sentences per paragraph in the style simulation's SFT demonstrations (1-4).
   c.env.style_sentences = 3
   c.env.judge_url = ""

@@ -80,6 +80,16 @@ def test_env_rewards_follow_the_preference():
   assert env.step(texts["classical"]).reward == 1.0
 
 
+@pytest.mark.parametrize("topic_check,reward", [(True, 0.0), (False, 1.0)])
+def test_topic_check_can_be_turned_off(topic_check, reward):
+  factory = envs.make(dict(name="style", style_topic_check=topic_check))
+  env = factory()
+  env.reset(dict(id="s", prompt="Write a short paragraph about the moon.", topic="the moon"))
+  text = style.write_in_style("a lake", "cute", __import__("random").Random(0))  # wrong topic
+  r = env.step(text)
+  assert (r.reward, r.info["r_style"]) == (reward, 1.0)
+
+
 @pytest.mark.parametrize("sentences", [1, 3])
 def test_demonstrations_cover_all_styles_and_are_judged_right(sentences):
   tasks = data.style_prompts()

@@ -43,6 +43,7 @@ _DEFAULTS = dict(
   runtime="local",
   style_switch_steps=(150, 300),
   style_judge="local",
+  style_topic_check=True,
   judge_url="",
   judge_model="default",
 )

@@ -67,13 +67,23 @@ class StyleSchedule:
 
 
 class StyleEnv(base.Env):
-  """One-turn writing task; reward = r_quality * r_style under the current preference."""
+  """One-turn writing task; reward = r_quality * r_style under the current preference.
+
+  Args:
+    schedule: the shared StyleSchedule (default: a private one).
+    judge: a LocalStyleJudge or LLMStyleJudge (default: the local one).
+    style_topic_check: the quality check also requires the prompt's topic to be mentioned; off,
+      any fluent paragraph passes (for models too small to copy the topic from the prompt).
+  """
 
   name = "style"
 
-  def __init__(self, *, schedule: StyleSchedule | None = None, judge=None, **unused):
+  def __init__(
+    self, *, schedule: StyleSchedule | None = None, judge=None, style_topic_check=True, **unused
+  ):
     self.schedule = schedule or StyleSchedule()
     self.judge = judge or _local_judge()
+    self.topic_check = bool(style_topic_check)
     self.task = None
 
   def reset(self, task: dict[str, Any]) -> list[base.Message]:
@@ -85,7 +95,8 @@ class StyleEnv(base.Env):
       raise RuntimeError("step() before reset()")
     step = self.task.get("step", self.schedule.step)
     preferred, pool = self.schedule.preferred(step), self.schedule.pool(step)
-    verdict = self.judge.judge(action_text, task=self.task, preferred=preferred, pool=pool)
+    task = self.task if self.topic_check else {k: v for k, v in self.task.items() if k != "topic"}
+    verdict = self.judge.judge(action_text, task=task, preferred=preferred, pool=pool)
     reward = verdict["r_quality"] * verdict["r_style"]
     info = dict(
       finish_reason="answer",
