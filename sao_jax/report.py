@@ -198,6 +198,7 @@ def write_report(
           collapses.append(f"{step} (k={lag}, s{seed})")
     lines.append(f"| {algo} | " + " | ".join(cells) + f" | {', '.join(collapses) or 'none'} |")
   lines.append("")
+  lines += _per_seed_table(out, algos, lags, seeds)
   figs = plot_dynamics(out, {k: [r for r, _ in v] for k, v in claims.items()}, algos, lags)
   lines += ["## Training dynamics (mean over seeds, 5-step moving average)", ""]
   lines += [f"![{os.path.basename(p)}]({p})" for p in figs] + [""]
@@ -217,6 +218,25 @@ def write_report(
   with open(path, "w") as f:
     f.write("\n".join(lines) + "\n")
   return path
+
+
+def _per_seed_table(out, algos, lags, seeds) -> list[str]:
+  """Final eval pass@1 of every run, seed by seed (a seed whose SFT start is weak shows here)."""
+
+  def final(name):
+    got = load_run(out, name)
+    return f"{got[1]['eval_final']:.3f}" if got is not None else "–"
+
+  cols = [(k, s) for k in lags for s in seeds]
+  out_lines = ["Per seed (final eval pass@1):", ""]
+  out_lines.append("| algorithm | " + " | ".join(f"k={k} s{s}" for k, s in cols) + " |")
+  out_lines.append("|" + "---|" * (len(cols) + 1))
+  sft = [final(f"sft_quickstart_s{s}") for _, s in cols]
+  out_lines.append("| SFT | " + " | ".join(sft) + " |")
+  for algo in algos:
+    cells = [final(f"claims_{algo}_k{k}_s{s}") for k, s in cols]
+    out_lines.append(f"| {algo} | " + " | ".join(cells) + " |")
+  return [*out_lines, ""]
 
 
 def _header(seeds, lags, wall_s, num_runs, runs_s) -> list[str]:

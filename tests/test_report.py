@@ -68,6 +68,7 @@ def test_report_tables_and_claims(tmp_path):
   assert "| grpo | 0.900 ± 0.000 | 0.250 ± 0.050 | 20 (k=4, s0), 20 (k=4, s1) |" in text
   assert "| SFT (start of every run) | 0.050 ± 0.000 | 0.050 ± 0.000 | – |" in text
   assert "The 18 runs took" in text  # 12 claims, 2 SFT, 4 style
+  assert "| grpo | 0.900 | 0.900 | 0.300 | 0.200 |" in text  # per seed: k=0 s0, s1, k=4 s0, s1
   assert "GRPO without DIS degrades under lag while SAO stays stable** — holds" in text
   assert "SAO ≥ GRPO+DIS at an equal number of samples** — holds" in text
   assert "`sao_no_faster_value` costs score** — not measured" in text
