@@ -1,6 +1,6 @@
 """`make reproduce`: the paper's claims at CPU scale, written up in `results/REPORT.md`.
 
-  python -m sao_jax.reproduce --out=results [--seeds=0,1,2] [--lags=0,4] [--steps=40]
+  python -m sao_jax.reproduce --out=results [--seeds=0,1,2] [--lags=0,4,16] [--steps=40]
       [--skip_claims | --skip_style]  # the studies are independent: run them as two processes
 
 Two studies, each run in lag mode (deterministic: a rerun gives the same numbers on this machine):
@@ -43,7 +43,7 @@ STYLE_ALGOS = ("sao", "running_mean")
 
 _OUT = flags.DEFINE_string("out", "results", "Output directory (runs/, figures/, REPORT.md).")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds.")
-_LAGS = flags.DEFINE_list("lags", ["0", "4"], "Policy lags k of the claims study.")
+_LAGS = flags.DEFINE_list("lags", ["0", "4", "16"], "Policy lags k of the claims study.")
 _ALGOS = flags.DEFINE_list("algos", list(CLAIM_ALGOS), "Algorithms of the claims study.")
 _STEPS = flags.DEFINE_integer("steps", 40, "RL steps per claims run.")
 _STYLE_STEPS = flags.DEFINE_integer("style_steps", 90, "RL steps per online-style run.")
