@@ -84,7 +84,7 @@ class ReplayClientQueue:
     maybe_delivered, failures = False, 0
     while True:
       if cancel is not None and cancel():
-        return False, CANCELLED
+        return self._settle(traj) if maybe_delivered else (False, CANCELLED)
       if deadline is not None and time.monotonic() >= deadline:
         return False, QUEUE_FULL
       try:
@@ -103,6 +103,14 @@ class ReplayClientQueue:
         self._sleep(min(self.max_backoff_s, self.backoff_s * 2 ** (failures - 1)), cancel)
         continue
       return self._outcome(result, maybe_delivered)
+
+  def _settle(self, traj: Trajectory) -> tuple[bool, str | None]:
+    """Told to stop after an attempt that may have landed: one more push settles it (the learner
+    answers "duplicate" if it had), so the accepted count stays exact; unreachable: CANCELLED."""
+    try:
+      return self._outcome(self.client.push([traj], timeout=self.poll_s), maybe_delivered=True)
+    except (TimeoutError, ReplayUnavailable):
+      return False, CANCELLED
 
   def _outcome(self, result, maybe_delivered: bool) -> tuple[bool, str | None]:
     with self._lock:

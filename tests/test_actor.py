@@ -248,6 +248,29 @@ def test_client_queue_waits_on_a_full_learner_queue():
     client.close()
 
 
+class _SlowThenDuplicate:
+  """A client whose first push lands but times out on our side; every later one is a duplicate."""
+
+  def __init__(self, on_timeout):
+    self.calls, self.on_timeout = 0, on_timeout
+
+  def push(self, trajs, timeout):
+    self.calls += 1
+    if self.calls == 1:
+      self.on_timeout()
+      raise TimeoutError("deadline exceeded")
+    return _Result(0, [(0, trajs[0].uid, "duplicate")])
+
+
+def test_client_queue_told_to_stop_settles_an_uncertain_push():
+  # SIGTERM right after a push timed out on our side although the learner took it: the actor must
+  # still count it as accepted (the learner has it), not as cancelled.
+  stop = threading.Event()
+  sink = ReplayClientQueue(_SlowThenDuplicate(stop.set), poll_s=0.1)
+  assert sink.put(_traj("u"), cancel=stop.is_set) == (True, None)
+  assert sink.client.calls == 2 and sink.counters["resent"] == 1
+
+
 class _Result:
   def __init__(self, accepted, rejections, resent=0, version=0):
     self.accepted, self.rejections, self.resent, self.version = (
