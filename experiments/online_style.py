@@ -59,7 +59,7 @@ def _cpu(c):
   c.model.preset, c.model.tokenizer, c.model.path = "tiny", "byte", ""
   c.model.dtype = c.model.param_dtype = "float32"
   # One-sentence paragraphs: the tiny model garbles longer ones (at 3 sentences, 800 SFT steps,
-  # 37 of 48 sampled paragraphs failed the quality check).
+  # 38 of 48 sampled paragraphs failed the quality check).
   c.env.style_sentences = 1
   # Nor does it learn to copy the topic from the prompt (800 SFT steps: fluent sentences about
   # the wrong topic), so quality here means a fluent paragraph; the style preference is the point.

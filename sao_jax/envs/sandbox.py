@@ -156,20 +156,15 @@ def _rebind_hidden(paths: list[str]) -> list[str]:
 
   An interpreter in a virtualenv under /tmp (a clone in /tmp/x with its .venv) must stay reachable.
   """
-  hidden = sorted(
-    {
-      os.path.realpath(p)
-      for p in paths
-      if os.path.exists(p)
-      and any(os.path.realpath(p).startswith(m + "/") for m, _ in _PRIVATE_MOUNTS)
-    }
-  )
+  mounts = {m for m, _ in _PRIVATE_MOUNTS}
+  real = {os.path.realpath(p) for p in paths if os.path.exists(p)}
+  hidden = sorted(p for p in real if any(p.startswith(m + "/") for m in mounts))
   args, made, bound = [], set(), []
   for path in hidden:
     if any(path.startswith(b + "/") for b in bound):
       continue
     for d in reversed(pathlib.Path(path).parents[:-2]):  # below the mount point, above `path`
-      if str(d) not in made and not any(str(d) == m for m, _ in _PRIVATE_MOUNTS):
+      if str(d) not in made and str(d) not in mounts:
         args += ["--perms", "0755", "--dir", str(d)]
         made.add(str(d))
     args += ["--ro-bind", path, path]
