@@ -19,6 +19,10 @@
    fraction of slot-steps that decoded a live sequence over the whole run (includes the drain at
    the end), over the steps while requests were waiting, and what static batching (a batch of S
    requests decoded until its longest finishes) would get on the same lengths.
+4. Decode step time against the cache length M: one `models.decode_step` of `--batch` slots that
+   hold `--step-fill` tokens each, attending to all M cache positions and to the engine's window
+   (the smallest of `default_windows(M)` above the fill). Best of 5 steps. The floor row: a
+   forward of one token per slot with no cache (the weights every step must stream).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from flax import nnx
 from sao_jax import models
 from sao_jax.models.hf import export_hf, from_pretrained
 from sao_jax.models.tokenizer import load_tokenizer
-from sao_jax.rollout import Engine, GenerateRequest, default_buckets
+from sao_jax.rollout import Engine, GenerateRequest, default_buckets, default_windows
 
 TOPICS = ["a lighthouse", "a lost key", "the first snow", "a robot chef", "an old map", "a comet",
           "a quiet library", "a broken clock", "a river town", "a paper boat", "a night train",
@@ -214,6 +218,48 @@ def utilization(args) -> list[tuple[str, ...]]:
   ]
 
 
+def step_times(args, policy) -> list[tuple[str, ...]]:
+  """Section 4: one decode step's time at cache length M, whole cache vs the engine's window."""
+  graphdef, state = nnx.split(policy)
+  step = jax.jit(
+    lambda st, cache, tokens, active, window=None: models.decode_step(
+      (graphdef, state), cache, tokens, active, window=window
+    ),
+    static_argnames="window",
+    donate_argnums=1,
+  )
+  s, fill = args.batch, args.step_fill
+  tokens, active = jnp.ones((s,), jnp.int32), jnp.ones((s,), bool)
+  rows = []
+  for m in args.step_lengths:
+    window = next(w for w in default_windows(m) if w > fill + 5)
+    times = []
+    for w in (None, window):
+      cache = models.init_cache(policy.cfg, s, m)
+      cache = cache.replace(lengths=jnp.full((s,), fill, jnp.int32))
+      best = float("inf")
+      for i in range(6):  # the first call compiles; each step appends one token per slot
+        t0 = time.perf_counter()
+        cache, logits = step(state, cache, tokens, active, window=w)
+        jax.block_until_ready(logits)
+        best = min(best, time.perf_counter() - t0) if i else best
+      times.append(best)
+    rows.append((f"{m}", f"{window}", f"{times[0] * 1e3:.0f}", f"{times[1] * 1e3:.0f}",
+                 f"{times[0] / times[1]:.2f}x"))  # fmt: skip
+  # The floor: the same weights applied to S tokens with no cache at all (what any decoder must
+  # stream per step), plus the [S, D] x [D, V] output projection.
+  forward = jax.jit(lambda st, t: nnx.merge(graphdef, st).logits(t))
+  one_token = jnp.ones((s, 1), jnp.int32)
+  jax.block_until_ready(forward(state, one_token))
+  best = float("inf")
+  for _ in range(5):
+    t0 = time.perf_counter()
+    jax.block_until_ready(forward(state, one_token))
+    best = min(best, time.perf_counter() - t0)
+  rows.append(("no cache", "-", "-", f"{best * 1e3:.0f}", "floor"))
+  return rows
+
+
 def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
   widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
   line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
@@ -239,6 +285,9 @@ def main():
   p.add_argument("--util-median", type=float, default=32)
   p.add_argument("--util-sigma", type=float, default=1.0)
   p.add_argument("--util-max", type=int, default=480)
+  p.add_argument("--skip-steps", action="store_true")
+  p.add_argument("--step-lengths", type=int, nargs="+", default=[176, 512, 1024])
+  p.add_argument("--step-fill", type=int, default=100)
   args = p.parse_args()
   import torch
 
@@ -248,13 +297,17 @@ def main():
         f"torch {torch.__version__} with {torch.get_num_threads()} threads; load average "
         f"{os.getloadavg()[0]:.1f} (the machine may be shared)")  # fmt: skip
   header = ("generator", "tokens", "wall s", "CPU s", "tokens/s")
-  if not (args.skip_throughput and args.skip_tail):
+  if not (args.skip_throughput and args.skip_tail and args.skip_steps):
     with tempfile.TemporaryDirectory() as tmp:
       policy, hf, tok = load_models(tmp)
       if not args.skip_throughput:
         print(table(header, throughput(args, policy, hf, tok)))
       if not args.skip_tail:
         print(table(header, long_tail(args, policy, hf, tok)))
+      if not args.skip_steps:
+        step_header = ("M", "window", "whole cache ms", "window ms", "speed-up")
+        print(f"decode step, {args.batch} slots holding {args.step_fill} tokens each:")
+        print(table(step_header, step_times(args, policy)))
   print(table((f"slot utilization ({args.util_slots} slots)", "fraction"), utilization(args)))
 
 

@@ -15,6 +15,7 @@ from sao_jax.rollout import Engine, GenerateRequest
 
 CFG = models.get_preset("tiny").replace(init_std=0.4)  # peaked next-token distributions
 BUCKETS = (16, 64)
+WINDOWS = (16, 32, 64)  # decode attends to 16, 32 or 64 cache positions, whichever holds all
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,8 @@ def policy():
 
 @pytest.fixture(scope="module")
 def engine(policy):
-  eng = Engine(policy, num_slots=4, max_len=64, prompt_buckets=BUCKETS, prefill_batch=2, seed=3)
+  eng = Engine(policy, num_slots=4, max_len=64, prompt_buckets=BUCKETS, decode_windows=WINDOWS,
+               prefill_batch=2, seed=3)  # fmt: skip
   eng.warmup()
   yield eng
   eng.close()
@@ -247,8 +249,22 @@ def test_sharded_weights_give_the_same_tokens_and_never_recompile(engine, policy
 
 
 def test_nothing_recompiled_after_warmup(engine):
-  """One decode step and one prefill per bucket, whatever ran before (weight swaps included)."""
-  assert engine.num_compilations == 1 + len(BUCKETS)
+  """One decode step per window and one prefill per bucket, whatever ran before (weight swaps
+  included)."""
+  assert engine.num_compilations == len(WINDOWS) + len(BUCKETS)
+  assert {k for k, n in engine._compiles.items() if n} == {
+    *(f"decode_{w}" for w in WINDOWS),
+    *(f"prefill_{b}" for b in BUCKETS),
+  }
+
+
+def test_default_windows_and_bad_windows(policy):
+  from sao_jax.rollout import default_windows
+
+  assert default_windows(1024) == (64, 128, 256, 512, 1024)
+  assert default_windows(176) == (64, 128, 176) and default_windows(48) == (48,)
+  with pytest.raises(ValueError, match="decode_windows"):
+    Engine(policy, num_slots=1, max_len=64, decode_windows=(16, 32))  # must end at max_len
 
 
 def test_close_aborts_queued_and_in_flight_requests(engine):

@@ -278,7 +278,13 @@ def test_prefill_and_decode_equal_full_forward(policy):
   cache, logits = prefill(policy, cache, bucket, jnp.array([5, 4]), jnp.array([2, 0]))
   np.testing.assert_allclose(logits[0], full[0, 4], atol=1e-5)
   np.testing.assert_allclose(logits[1], full[1, 3], atol=1e-5)
-  assert float(jnp.abs(cache.k[:, 1]).max()) == 0.0  # slot 1 untouched
+  assert len(cache.k) == cfg.num_layers and cache.k[0].shape == (
+    3,
+    cfg.num_kv_heads,
+    16,
+    cfg.head_dim,
+  )
+  assert max(float(jnp.abs(k[1]).max()) for k in cache.k) == 0.0  # slot 1 untouched
   np.testing.assert_array_equal(cache.lengths, [4, 0, 5])
   pos = {2: 5, 0: 4}  # next position per slot (row 0 -> slot 2, row 1 -> slot 0)
   for _ in range(6):
@@ -288,7 +294,30 @@ def test_prefill_and_decode_equal_full_forward(policy):
     np.testing.assert_allclose(logits[0], full[1, pos[0]], atol=1e-5)
     pos = {s: p + 1 for s, p in pos.items()}
   np.testing.assert_array_equal(cache.lengths, [10, 0, 11])
-  assert float(jnp.abs(cache.v[:, 1]).max()) == 0.0
+  assert max(float(jnp.abs(v[1]).max()) for v in cache.v) == 0.0
+
+
+def test_decode_window_reads_fewer_positions_with_the_same_numbers(dense):
+  """Attending to the first `window` cache positions gives the same logits (keys past a slot's
+  length have exactly zero weight) and the same cache; a window outside [1, M] is refused."""
+  policy = dense
+  cfg = policy.cfg
+  tokens = _tokens(cfg, 2, 12, seed=3)
+  full = _logits(policy, tokens)
+  decode = jax.jit(models.decode_step, static_argnames="window")
+  cache = models.init_cache(cfg, num_slots=2, max_len=32)
+  cache, _ = _prefill(policy, cache, tokens[:, :6], jnp.array([6, 3]), jnp.array([0, 1]))
+  active = jnp.array([True, True])
+  for t in (6, 7):  # slot 0 holds t tokens, slot 1 t - 3: window 8 covers both after this step
+    step = jnp.stack([tokens[0, t], tokens[1, t - 3]])
+    whole_cache, whole = decode(policy, cache, step, active)
+    cache, windowed = decode(policy, cache, step, active, window=8)
+    np.testing.assert_array_equal(windowed, whole)
+    np.testing.assert_allclose(windowed[0], full[0, t], atol=1e-5)
+    for a, b in zip(cache.k + cache.v, whole_cache.k + whole_cache.v, strict=True):
+      np.testing.assert_array_equal(a, b)
+  with pytest.raises(ValueError, match="window"):
+    models.decode_step(policy, cache, step, active, window=33)
 
 
 def test_extend_appends_after_existing_content(dense):

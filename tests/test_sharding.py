@@ -118,7 +118,8 @@ def test_cache_shardings():
   mesh = shd.make_mesh(shape={"data": 2, "fsdp": 2, "tensor": 2})
   cache = models.init_cache(cfg, num_slots=8, max_len=16)
   shardings = models.cache_shardings(cache, mesh)
-  assert shardings.k.spec == P(None, ("data", "fsdp"), None, "tensor", None)
+  assert len(shardings.k) == cfg.num_layers
+  assert shardings.k[0].spec == P(("data", "fsdp"), "tensor", None, None)
   assert shardings.lengths.spec == P(("data", "fsdp"))
   placed = jax.device_put(cache, shardings)
-  assert placed.k.addressable_shards[0].data.shape == (2, 2, 16, 1, 16)
+  assert placed.k[-1].addressable_shards[0].data.shape == (2, 1, 16, 16)  # [S, K, M, H] / mesh

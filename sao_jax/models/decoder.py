@@ -21,8 +21,8 @@ from sao_jax.models.config import ModelConfig
 from sao_jax.models.layers import MLP, Attention, KeyGen, RMSNorm, param
 from sao_jax.models.moe import MoE
 
-# kv_hook(layer_index, k_btkh, v_btkh) -> (k_bskh, v_bskh, mask_bts): lets inference substitute
-# cached keys/values (sao_jax.models.inference) for the block's own.
+# kv_hook(layer_index, k_btkh, v_btkh) -> (k_bksh, v_bksh, mask_bts): lets inference substitute
+# cached keys/values (sao_jax.models.inference) for the block's own, heads before positions.
 KVHook = Callable[[int, jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]
 
 
@@ -48,9 +48,10 @@ class Block(nnx.Module):
       ([B, T, D] output, metrics dict of float32 scalars (MoE router stats, else empty)).
     """
     q, k, v = self.attn.project(self.attn_norm(x_btd), positions_bt)
-    if kv_hook is not None:
+    heads_major = kv_hook is not None
+    if heads_major:
       k, v, mask_bts = kv_hook(k, v)
-    x_btd = x_btd + self.attn.attend(q, k, v, mask_bts)
+    x_btd = x_btd + self.attn.attend(q, k, v, mask_bts, heads_major=heads_major)
     x_btd = shd.constrain(x_btd, (shd.BATCH, None, None))
     y_btd, metrics = self.mlp(self.mlp_norm(x_btd))
     return shd.constrain(x_btd + y_btd, (shd.BATCH, None, None)), metrics

@@ -156,29 +156,38 @@ class Attention(nnx.Module):
     return q, k, v
 
   def attend(
-    self, q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, mask_bts: jax.Array
+    self,
+    q_btnh: jax.Array,
+    k_bskh: jax.Array,
+    v_bskh: jax.Array,
+    mask_bts: jax.Array,
+    *,
+    heads_major: bool = False,
   ) -> jax.Array:
     """softmax(q k^T / sqrt(H) + mask) v, then the output projection.
 
     Args:
       q_btnh: [B, T, N, H] queries.
-      k_bskh: [B, S, K, H] keys.
-      v_bskh: [B, S, K, H] values.
+      k_bskh: [B, S, K, H] keys ([B, K, S, H] with heads_major).
+      v_bskh: [B, S, K, H] values ([B, K, S, H] with heads_major).
       mask_bts: [B, T, S] bool, True where query t may attend key s. A row with no True entry
         gives a uniform average (finite, never NaN).
+      heads_major: keys and values come as [B, K, S, H] (the inference KV cache's layout, which
+        the two matmuls read without a transpose).
 
     Returns:
       [B, T, D] in the compute dtype.
     """
     b, t, n, h = q_btnh.shape
-    kv = k_bskh.shape[2]
+    kv = k_bskh.shape[1 if heads_major else 2]
     q = q_btnh.reshape(b, t, kv, n // kv, h)  # [B, T, K, G, H]
+    keys = "bksh" if heads_major else "bskh"
     scores = jnp.einsum(
-      "btkgh,bskh->bkgts", q, k_bskh.astype(q.dtype), preferred_element_type=F32
+      f"btkgh,{keys}->bkgts", q, k_bskh.astype(q.dtype), preferred_element_type=F32
     ) * (h**-0.5)  # [B, K, G, T, S]
     scores = jnp.where(mask_bts[:, None, None], scores, jnp.finfo(F32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v_bskh.astype(q.dtype)).reshape(b, t, n, h)
+    out = jnp.einsum(f"bkgts,{keys}->btkgh", probs, v_bskh.astype(q.dtype)).reshape(b, t, n, h)
     out = shd.constrain(out, (shd.BATCH, None, shd.HEADS, None))
     return jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(q.dtype))
 

@@ -12,7 +12,7 @@
 """
 
 from sao_jax.rollout.agent import AgentLoop, AgentSettings, derive_seed
-from sao_jax.rollout.engine import Engine, default_buckets
+from sao_jax.rollout.engine import Engine, default_buckets, default_windows
 from sao_jax.rollout.factory import make_agent, make_engine
 from sao_jax.rollout.http_client import HttpEngine, ServerError
 from sao_jax.rollout.protocol import GenerateEngine, GenerateRequest, GenerateResult
@@ -39,6 +39,7 @@ __all__ = [
   "ServerError",
   "WeightPublisher",
   "default_buckets",
+  "default_windows",
   "derive_seed",
   "make_agent",
   "make_engine",

@@ -9,18 +9,21 @@ A background thread owns the model state and the cache and loops:
   2. admit queued requests into free slots: prefill each prompt (padded to its bucket) into its slot
      and sample its first token;
   3. one decode step for all S slots at once (inactive rows are computed and ignored), sampling one
-     token per active slot;
+     token per active slot; attention reads the smallest compiled window of cache positions
+     (`decode_windows`) that holds the longest active sequence, so short sequences in a long
+     cache do not pay for M;
   4. finish sequences that hit a stop token, `max_new_tokens` or the cache length: resolve their
      futures and free their slots at once, so a queued request starts on the next iteration while
      the others keep decoding.
 
-Compiled functions have static shapes: one decode step `[S]`, and one prefill per bucket `[P, Tb]`;
-nothing recompiles per request or after a weight swap (`num_compilations` counts XLA compilations
+Compiled functions have static shapes: one decode step `[S]` per window, and one prefill per bucket
+`[P, Tb]`; nothing recompiles per request or after a weight swap (`num_compilations` counts XLA compilations
 of the step functions, through jax.monitoring).
 
 Determinism: token i of a request is drawn with the uniform `sampling.row_uniforms(engine seed,
-request seed, i)`, every row of a step is computed independently at fixed shapes, and a prompt's
-prefill shape depends only on its own length. So a
+request seed, i)`, every row of a step is computed independently, and a prompt's prefill shape
+depends only on its own length. The decode window depends on the neighbours, but positions past a
+row's length carry exactly zero attention weight, so the window does not change its numbers. So a
 request's output depends only on (weights, input_ids, sampling parameters, seed): not on its slot,
 its neighbours or thread timing (tested). There is deliberately no prefix cache: reusing KV computed
 by decode steps (or by older weights) would change the numbers from run to run.
@@ -77,6 +80,23 @@ def default_buckets(max_len: int, smallest: int = 32) -> tuple[int, ...]:
   return (*(x for x in out if x < max_len), max_len)
 
 
+def default_windows(max_len: int, smallest: int = 64) -> tuple[int, ...]:
+  """Decode attention windows: 64, 128, 256, ... (doubling), then max_len.
+
+  Args:
+    max_len: the engine's cache length; the last window.
+    smallest: the first window.
+
+  Returns:
+    Increasing lengths; each is one compiled decode step.
+  """
+  out, w = [], smallest
+  while w < max_len:
+    out.append(w)
+    w *= 2
+  return (*out, max_len)
+
+
 class Engine(GenerateEngine):
   """Continuous-batching generation on a `models.Policy`, in a background thread.
 
@@ -85,6 +105,8 @@ class Engine(GenerateEngine):
     num_slots: S, sequences decoded together.
     max_len: M, most tokens (prompt + output) a sequence may hold.
     prompt_buckets: prompt lengths compiled for prefill (default `default_buckets(max_len)`).
+    decode_windows: cache lengths a decode step may attend to, each compiled once (default
+      `default_windows(max_len)`; `(max_len,)` compiles one decode step that always reads all M).
     prefill_batch: P, prompts of one bucket prefilled per call (padded with empty rows).
     seed: engine seed, folded into every request's sampling key.
     version: weight version of `model`.
@@ -98,6 +120,7 @@ class Engine(GenerateEngine):
     num_slots: int = 16,
     max_len: int = 1024,
     prompt_buckets: Sequence[int] | None = None,
+    decode_windows: Sequence[int] | None = None,
     prefill_batch: int = 1,
     seed: int = 0,
     version: int = 0,
@@ -113,7 +136,13 @@ class Engine(GenerateEngine):
       )
     if buckets[0] < 1 or buckets[-1] > max_len:
       raise ValueError(f"Engine.prompt_buckets: {buckets} must lie in [1, max_len={max_len}]")
+    windows = tuple(sorted(set(decode_windows or default_windows(max_len))))
+    if windows[0] < 1 or windows[-1] != max_len:
+      raise ValueError(
+        f"Engine.decode_windows: {windows} must lie in [1, max_len] and end at max_len={max_len}"
+      )
     self.num_slots, self.max_len, self.buckets = num_slots, max_len, buckets
+    self.windows = windows
     self.prefill_batch = prefill_batch
     self._graphdef, self._state, self._version = graphdef, state, int(version)
     self.seed = int(seed)
@@ -123,7 +152,9 @@ class Engine(GenerateEngine):
     self._cache = jax.device_put(
       models.init_cache(self.cfg, num_slots, max_len, cache_dtype), place
     )
-    self._decode_fn = jax.jit(self._decode_impl, donate_argnums=1, out_shardings=place)
+    self._decode_fn = jax.jit(
+      self._decode_impl, static_argnames="window", donate_argnums=1, out_shardings=place
+    )
     self._prefill_fn = jax.jit(self._prefill_impl, donate_argnums=1, out_shardings=place)
     self._compiles = collections.Counter()
     self._cv = threading.Condition()
@@ -232,7 +263,7 @@ class Engine(GenerateEngine):
 
   @property
   def num_compilations(self) -> int:
-    """XLA compilations of the step functions so far (one per prefill bucket, one for decode).
+    """XLA compilations of the step functions so far (one per prefill bucket and decode window).
 
     Counted from jax.monitoring's backend-compile events in the engine's own calls, so a load from
     the persistent compilation cache counts too: this is the number of in-memory cache misses.
@@ -260,12 +291,15 @@ class Engine(GenerateEngine):
       self._stats.clear()
 
   def warmup(self, buckets: Sequence[int] | None = None) -> None:
-    """Compiles decode and the prefill of `buckets` (default all) now, with no slot touched."""
+    """Compiles every decode window and the prefill of `buckets` (default all) now, with no slot
+    touched."""
     with self._cv:
       if any(s is not None for s in self._slots) or self._pending:
         raise RuntimeError("Engine.warmup: call it before submitting requests")
-      with _counting(self._compiles, "decode"):
-        self._cache, *_ = self._decode_fn(self._state, self._cache, *self._step_arrays([]))
+      for w in self.windows:
+        with _counting(self._compiles, f"decode_{w}"):
+          inputs = self._step_arrays([])
+          self._cache, *_ = self._decode_fn(self._state, self._cache, *inputs, window=w)
       for tb in buckets or self.buckets:
         with _counting(self._compiles, f"prefill_{tb}"):
           inputs = self._prefill_arrays([], tb)
@@ -274,10 +308,12 @@ class Engine(GenerateEngine):
 
   # --------------------------------------------------------------------------- compiled steps
   def _decode_impl(
-    self, state, cache, tokens_s, active_s, seeds_s2, steps_s, temp_s, top_p_s, top_k_s
+    self, state, cache, tokens_s, active_s, seeds_s2, steps_s, temp_s, top_p_s, top_k_s, *, window
   ):
     """Appends each active slot's last token and samples the next: (cache, tokens_s, logprobs_s)."""
-    cache, logits_sv = models.decode_step((self._graphdef, state), cache, tokens_s, active_s)
+    cache, logits_sv = models.decode_step(
+      (self._graphdef, state), cache, tokens_s, active_s, window=window
+    )
     uniforms_s = sampling.row_uniforms(self.seed, seeds_s2, steps_s)
     tokens_s, logprobs_s = sampling.sample(logits_sv, uniforms_s, temp_s, top_p_s, top_k_s)
     return cache, tokens_s, logprobs_s
@@ -381,11 +417,19 @@ class Engine(GenerateEngine):
     for i, (slot, seq) in enumerate(group):
       self._append(slot, seq, int(tokens_p[i]), float(logprobs_p[i]))
 
+  def _window(self, slots: Sequence[_Seq | None]) -> int:
+    """The smallest decode window that holds every active sequence after this step's token."""
+    need = max(len(s.request.input_ids) + len(s.output_ids) for s in slots if s is not None)
+    return next(w for w in self.windows if w >= need)
+
   def _run_decode(self) -> None:
     slots = list(self._slots)
     inputs = self._step_arrays(slots)
-    with _counting(self._compiles, "decode"):
-      self._cache, tokens_s, logprobs_s = self._decode_fn(self._state, self._cache, *inputs)
+    window = self._window(slots)
+    with _counting(self._compiles, f"decode_{window}"):
+      self._cache, tokens_s, logprobs_s = self._decode_fn(
+        self._state, self._cache, *inputs, window=window
+      )
     tokens_s, logprobs_s = jax.device_get((tokens_s, logprobs_s))
     active = [i for i, seq in enumerate(slots) if seq is not None]
     self._stats["decode_steps"] += 1
