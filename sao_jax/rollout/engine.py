@@ -16,14 +16,15 @@ A background thread owns the model state and the cache and loops:
      futures and free their slots at once, so a queued request starts on the next iteration while
      the others keep decoding.
 
-Compiled functions have static shapes: one decode step `[S]` per window, and one prefill per bucket
-`[P, Tb]`; nothing recompiles per request or after a weight swap (`num_compilations` counts XLA compilations
-of the step functions, through jax.monitoring).
+Compiled functions have static shapes: one decode step `[S]` per window, and one prefill per
+bucket `[P, Tb]`; nothing recompiles per request or after a weight swap (`num_compilations` counts
+XLA compilations of the step functions, through jax.monitoring).
 
 Determinism: token i of a request is drawn with the uniform `sampling.row_uniforms(engine seed,
 request seed, i)`, every row of a step is computed independently, and a prompt's prefill shape
 depends only on its own length. The decode window depends on the neighbours, but positions past a
-row's length carry exactly zero attention weight, so the window does not change its numbers. So a
+row's length carry exactly zero attention weight, and the outputs are bit-identical across windows
+(tested on CPU; a backend whose reductions regroup by length could differ in the last bit). So a
 request's output depends only on (weights, input_ids, sampling parameters, seed): not on its slot,
 its neighbours or thread timing (tested). There is deliberately no prefix cache: reusing KV computed
 by decode steps (or by older weights) would change the numbers from run to run.
