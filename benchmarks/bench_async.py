@@ -221,6 +221,7 @@ def real(args) -> list[dict]:
 
   policy = models.Policy(models.get_preset("tiny"), rngs=nnx.Rngs(0))
   inner = Engine(policy, num_slots=args.real_slots, max_len=512, seed=0)
+  inner.warmup()  # every prefill bucket and decode window, so no compile lands in a timed run
   engine = LognormalBudget(inner, args.real_median_tokens, args.real_sigma, max_tokens=440)
   agent_for(engine, args.real_slots).run([next(tasks()) for _ in range(2)], seed=1)  # compile
   capacity = steady_rate(engine, args.real_slots, 8 * args.real_slots)
