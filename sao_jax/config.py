@@ -257,6 +257,10 @@ def base_config() -> ConfigDict:
   c.rollout.urls = ""
   # Concurrent sequences in the embedded engine (slots sharing one KV cache).
   c.rollout.num_slots = 16
+  # Embedded engine: cache lengths a decode step may attend to, comma-separated; each is one
+  # compiled decode step, and max_seq_len is always one ('' = 64, 128, 256, ... up to it). Fewer
+  # windows compile faster; more make each step read closer to what the sequences hold.
+  c.rollout.decode_windows = ""
   # Episodes in flight at once in the agent loop.
   c.rollout.concurrency = 16
   # Generation per turn.
@@ -501,6 +505,12 @@ def _validate_rollout(c: ConfigDict):
   _check(r.engine in ("embedded", "http"), "rollout.engine", "must be 'embedded' or 'http'")
   _check(r.engine != "http" or bool(r.urls), "rollout.urls", "rollout.engine='http' needs urls")
   _check(r.num_slots >= 1, "rollout.num_slots", "must be >= 1")
+  windows = r.decode_windows.replace(",", " ").split()
+  _check(
+    all(w.isdigit() and 1 <= int(w) <= c.max_seq_len for w in windows),
+    "rollout.decode_windows",
+    f"comma-separated integers in [1, max_seq_len={c.max_seq_len}], got {r.decode_windows!r}",
+  )
   _check(r.concurrency >= 1, "rollout.concurrency", "must be >= 1")
   _check(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
   _check(

@@ -276,7 +276,7 @@ def test_factories_follow_the_config():
   from flax import nnx
 
   from sao_jax import config as config_lib
-  from sao_jax import models
+  from sao_jax import models, rollout
   from sao_jax.rollout import HttpEngine, make_agent, make_engine
 
   c = config_lib.base_config()
@@ -289,6 +289,11 @@ def test_factories_follow_the_config():
     make_engine(c)
   engine = make_engine(c, models.Policy(models.get_preset("tiny"), rngs=nnx.Rngs(0)), version=2)
   assert (engine.num_slots, engine.max_len, engine.version) == (16, c.max_seq_len, 2)
+  assert engine.windows == rollout.default_windows(c.max_seq_len)
+  engine.close()
+  c.rollout.decode_windows = "128, 256"
+  engine = make_engine(c, models.Policy(models.get_preset("tiny"), rngs=nnx.Rngs(0)))
+  assert engine.windows == (128, 256, c.max_seq_len)
   engine.close()
   loop = make_agent(c, FixedEngine(), TOK, evaluation=True)
   assert loop.env_name == "math_tool" and loop.settings.temperature == 0.0

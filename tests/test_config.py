@@ -43,6 +43,8 @@ def test_every_algo_validates_with_its_defaults(name):
     ("rollout.temperature", 0.0, "rollout.temperature"),
     ("model.dtype", "float16", "model.dtype"),
     ("env.style_sentences", 5, "env.style_sentences"),
+    ("rollout.decode_windows", "64,x", "rollout.decode_windows"),
+    ("rollout.decode_windows", "100000", "rollout.decode_windows"),
   ],
 )
 def test_validate_names_the_bad_field(field, value, match):

@@ -264,7 +264,9 @@ def test_default_windows_and_bad_windows(policy):
   assert default_windows(1024) == (64, 128, 256, 512, 1024)
   assert default_windows(176) == (64, 128, 176) and default_windows(48) == (48,)
   with pytest.raises(ValueError, match="decode_windows"):
-    Engine(policy, num_slots=1, max_len=64, decode_windows=(16, 32))  # must end at max_len
+    Engine(policy, num_slots=1, max_len=64, decode_windows=(16, 128))  # past max_len
+  with Engine(policy, num_slots=1, max_len=64, decode_windows=(16,)) as eng:
+    assert eng.windows == (16, 64)  # max_len is always a window
 
 
 def test_close_aborts_queued_and_in_flight_requests(engine):

@@ -106,8 +106,9 @@ class Engine(GenerateEngine):
     num_slots: S, sequences decoded together.
     max_len: M, most tokens (prompt + output) a sequence may hold.
     prompt_buckets: prompt lengths compiled for prefill (default `default_buckets(max_len)`).
-    decode_windows: cache lengths a decode step may attend to, each compiled once (default
-      `default_windows(max_len)`; `(max_len,)` compiles one decode step that always reads all M).
+    decode_windows: cache lengths a decode step may attend to, each compiled once; max_len is
+      always added (default `default_windows(max_len)`; `(max_len,)` compiles one decode step that
+      always reads all M).
     prefill_batch: P, prompts of one bucket prefilled per call (padded with empty rows).
     seed: engine seed, folded into every request's sampling key.
     version: weight version of `model`.
@@ -137,11 +138,9 @@ class Engine(GenerateEngine):
       )
     if buckets[0] < 1 or buckets[-1] > max_len:
       raise ValueError(f"Engine.prompt_buckets: {buckets} must lie in [1, max_len={max_len}]")
-    windows = tuple(sorted(set(decode_windows or default_windows(max_len))))
-    if windows[0] < 1 or windows[-1] != max_len:
-      raise ValueError(
-        f"Engine.decode_windows: {windows} must lie in [1, max_len] and end at max_len={max_len}"
-      )
+    windows = tuple(sorted({*(decode_windows or default_windows(max_len)), max_len}))
+    if windows[0] < 1 or windows[-1] > max_len:
+      raise ValueError(f"Engine.decode_windows: {windows} must lie in [1, max_len={max_len}]")
     self.num_slots, self.max_len, self.buckets = num_slots, max_len, buckets
     self.windows = windows
     self.prefill_batch = prefill_batch

@@ -36,9 +36,9 @@ def make_engine(config: Any, policy: Any = None, *, version: int = 0) -> Generat
     raise ValueError("make_engine: an embedded engine needs the policy")
   from sao_jax.rollout.engine import Engine
 
-  return Engine(
-    policy, num_slots=r.num_slots, max_len=config.max_seq_len, seed=config.seed, version=version
-  )
+  windows = tuple(int(w) for w in r.decode_windows.replace(",", " ").split())
+  return Engine(policy, num_slots=r.num_slots, max_len=config.max_seq_len,
+                decode_windows=windows or None, seed=config.seed, version=version)  # fmt: skip
 
 
 def make_agent(
