@@ -332,6 +332,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     self._serve("POST")
 
 
+def _windows(text: str) -> tuple[int, ...]:
+  """'128,512' -> (128, 512); argparse reports anything else as a bad --decode-windows value."""
+  try:
+    windows = tuple(int(w) for w in text.replace(",", " ").split())
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"comma-separated integers, got {text!r}") from None
+  if any(w < 1 for w in windows):
+    raise argparse.ArgumentTypeError(f"windows must be >= 1, got {text!r}")
+  return windows
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
   p = argparse.ArgumentParser(prog="python -m sao_jax.serve", description=__doc__.split("\n")[0])
   p.add_argument("--model", required=True, help="HF directory, .gguf file, or preset:NAME")
@@ -341,6 +352,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
   p.add_argument("--num-slots", type=int, default=16, help="sequences decoded together")
   p.add_argument("--max-len", type=int, default=2048, help="most tokens per sequence")
   p.add_argument("--prefill-batch", type=int, default=1, help="prompts per prefill call")
+  p.add_argument("--decode-windows", type=_windows, default=(),
+                 help="comma-separated cache lengths a decode step may attend to, each compiled "
+                      "once (--max-len is always one; default 64, 128, 256, ...)")  # fmt: skip
   p.add_argument("--dtype", default="float32", help="compute and parameter dtype")
   p.add_argument("--version", type=int, default=0, help="weight version of --model")
   p.add_argument("--seed", type=int, default=0, help="engine sampling seed")
@@ -369,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
 
   policy, tokenizer = _load(args)
   engine = Engine(policy, num_slots=args.num_slots, max_len=args.max_len,
-                  prefill_batch=args.prefill_batch, seed=args.seed, version=args.version)  # fmt: skip
+                  decode_windows=args.decode_windows or None, prefill_batch=args.prefill_batch,
+                  seed=args.seed, version=args.version)  # fmt: skip
   server = EngineServer(engine, tokenizer=tokenizer, model_path=args.model, host=args.host,
                         port=args.port)  # fmt: skip
   print(server.start(), flush=True)

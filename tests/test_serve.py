@@ -159,10 +159,21 @@ def test_update_weights_from_disk(server, engine, policy, tmp_path):
     client.close()
 
 
+def test_serve_decode_windows_flag():
+  from sao_jax.serve import _parse
+
+  assert _parse(["--model=preset:tiny", "--decode-windows=128, 512"]).decode_windows == (128, 512)
+  assert _parse(["--model=preset:tiny"]).decode_windows == ()
+  for bad in ("64,x", "0"):
+    with pytest.raises(SystemExit):
+      _parse(["--model=preset:tiny", f"--decode-windows={bad}"])
+
+
 def test_python_m_serve_with_http_client_and_agent_loop_matches_the_embedded_engine(engine):
   proc = subprocess.Popen(
     [sys.executable, "-m", "sao_jax.serve", "--model=preset:tiny", "--tokenizer=byte",
-     "--port=0", f"--max-len={MAX_LEN}", "--num-slots=4", "--seed=0"],
+     "--port=0", f"--max-len={MAX_LEN}", "--num-slots=4", "--seed=0",
+     "--decode-windows=32,96"],  # the fixture's engine uses the default (64, 128): same outputs
     stdout=subprocess.PIPE,
     text=True,
     env={**os.environ, "XLA_FLAGS": ""},
