@@ -367,6 +367,14 @@ def load(spec: str) -> ConfigDict:
   return module.get_config(arg or None)
 
 
+def int_list(text: str) -> tuple[int, ...]:
+  """'128, 512' or '128 512' -> (128, 512); '' -> (). Raises ValueError on anything else.
+
+  For list-valued string fields such as `rollout.decode_windows` (and the matching CLI flags).
+  """
+  return tuple(int(w) for w in text.replace(",", " ").split())
+
+
 def _check(ok: bool, field: str, why: str):
   if not ok:
     raise ConfigError(field, why)
@@ -505,9 +513,12 @@ def _validate_rollout(c: ConfigDict):
   _check(r.engine in ("embedded", "http"), "rollout.engine", "must be 'embedded' or 'http'")
   _check(r.engine != "http" or bool(r.urls), "rollout.urls", "rollout.engine='http' needs urls")
   _check(r.num_slots >= 1, "rollout.num_slots", "must be >= 1")
-  windows = r.decode_windows.replace(",", " ").split()
+  try:
+    windows = int_list(r.decode_windows)
+  except ValueError:
+    windows = (0,)
   _check(
-    all(w.isdigit() and 1 <= int(w) <= c.max_seq_len for w in windows),
+    all(1 <= w <= c.max_seq_len for w in windows),
     "rollout.decode_windows",
     f"comma-separated integers in [1, max_seq_len={c.max_seq_len}], got {r.decode_windows!r}",
   )

@@ -334,8 +334,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 def _windows(text: str) -> tuple[int, ...]:
   """'128,512' -> (128, 512); argparse reports anything else as a bad --decode-windows value."""
+  from sao_jax.config import int_list
+
   try:
-    windows = tuple(int(w) for w in text.replace(",", " ").split())
+    windows = int_list(text)
   except ValueError:
     raise argparse.ArgumentTypeError(f"comma-separated integers, got {text!r}") from None
   if any(w < 1 for w in windows):

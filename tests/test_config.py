@@ -147,3 +147,10 @@ def test_config_json_is_written_before_training(tmp_path):
     "batch",
     ["data", "fsdp"],
   ]
+
+
+def test_int_list():
+  assert config_lib.int_list("128, 512") == (128, 512) == config_lib.int_list("128 512")
+  assert config_lib.int_list("") == ()
+  with pytest.raises(ValueError):
+    config_lib.int_list("64,x")

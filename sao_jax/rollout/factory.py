@@ -34,9 +34,10 @@ def make_engine(config: Any, policy: Any = None, *, version: int = 0) -> Generat
     raise ValueError(f"config.rollout.engine: must be 'embedded' or 'http', got {r.engine!r}")
   if policy is None:
     raise ValueError("make_engine: an embedded engine needs the policy")
+  from sao_jax.config import int_list
   from sao_jax.rollout.engine import Engine
 
-  windows = tuple(int(w) for w in r.decode_windows.replace(",", " ").split())
+  windows = int_list(r.decode_windows)  # validated by config.validate
   return Engine(policy, num_slots=r.num_slots, max_len=config.max_seq_len,
                 decode_windows=windows or None, seed=config.seed, version=version)  # fmt: skip
 
