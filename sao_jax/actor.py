@@ -104,13 +104,19 @@ class ReplayClientQueue:
         continue
       return self._outcome(result, maybe_delivered)
 
-  def _settle(self, traj: Trajectory) -> tuple[bool, str | None]:
-    """Told to stop after an attempt that may have landed: one more push settles it (the learner
-    answers "duplicate" if it had), so the accepted count stays exact; unreachable: CANCELLED."""
-    try:
-      return self._outcome(self.client.push([traj], timeout=self.poll_s), maybe_delivered=True)
-    except (TimeoutError, ReplayUnavailable):
-      return False, CANCELLED
+  def _settle(self, traj: Trajectory, attempts: int = 10) -> tuple[bool, str | None]:
+    """Told to stop after an attempt that may have landed: one more answered push settles it (the
+    learner says "duplicate" if it had), so the accepted count stays exact. A full learner queue
+    answers nothing (deadline passed) while a held attempt may still land, so that is retried, up
+    to `attempts` deadlines; an unreachable learner cannot settle it: CANCELLED."""
+    for _ in range(attempts):
+      try:
+        return self._outcome(self.client.push([traj], timeout=self.poll_s), maybe_delivered=True)
+      except TimeoutError:
+        self._count("timeouts")
+      except ReplayUnavailable:
+        break
+    return False, CANCELLED
 
   def _outcome(self, result, maybe_delivered: bool) -> tuple[bool, str | None]:
     with self._lock:

@@ -249,14 +249,15 @@ def test_client_queue_waits_on_a_full_learner_queue():
 
 
 class _SlowThenDuplicate:
-  """A client whose first push lands but times out on our side; every later one is a duplicate."""
+  """A client whose first `slow` pushes time out on our side (the first one lands: the learner's
+  queue was full and took it late); every later one is answered "duplicate"."""
 
-  def __init__(self, on_timeout):
-    self.calls, self.on_timeout = 0, on_timeout
+  def __init__(self, on_timeout, slow=1):
+    self.calls, self.on_timeout, self.slow = 0, on_timeout, slow
 
   def push(self, trajs, timeout):
     self.calls += 1
-    if self.calls == 1:
+    if self.calls <= self.slow:
       self.on_timeout()
       raise TimeoutError("deadline exceeded")
     return _Result(0, [(0, trajs[0].uid, "duplicate")])
@@ -269,6 +270,12 @@ def test_client_queue_told_to_stop_settles_an_uncertain_push():
   sink = ReplayClientQueue(_SlowThenDuplicate(stop.set), poll_s=0.1)
   assert sink.put(_traj("u"), cancel=stop.is_set) == (True, None)
   assert sink.client.calls == 2 and sink.counters["resent"] == 1
+  # The queue is still full when it stops: the settling push times out too (CI saw 64 counted vs
+  # 65 received); it is retried until answered.
+  stop.clear()
+  sink = ReplayClientQueue(_SlowThenDuplicate(stop.set, slow=3), poll_s=0.1)
+  assert sink.put(_traj("v"), cancel=stop.is_set) == (True, None)
+  assert sink.client.calls == 4 and sink.counters["resent"] == 1
 
 
 class _Result:
