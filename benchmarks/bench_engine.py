@@ -21,7 +21,7 @@
    requests decoded until its longest finishes) would get on the same lengths.
 4. Decode step time against the cache length M: one `models.decode_step` of `--batch` slots that
    hold `--step-fill` tokens each, attending to all M cache positions and to the engine's window
-   (the smallest of `default_windows(M)` above the fill). Best of 5 steps. The floor row: a
+   (the smallest of `default_windows(M)` that holds the fill plus the 6 steps). Best of 5 steps. The floor row: a
    forward of one token per slot with no cache (the weights every step must stream).
 """
 
